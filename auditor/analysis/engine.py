@@ -1,0 +1,28 @@
+"""Runs every rule over a snapshot: the thin facade the CLI, the service and the tests call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .findings import Finding
+from .rules import RULES
+from .snapshot import Snapshot
+
+
+def analyze(
+    snapshot: Snapshot, overrides: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Finding]:
+    """All findings for ``snapshot``, most severe first.
+
+    ``overrides`` maps a rule name to threshold keyword arguments, e.g.
+    ``{"data_starvation": {"min_wait_ratio": 0.3}}``; unknown names raise ``ValueError``.
+    """
+    overrides = overrides or {}
+    unknown = set(overrides) - set(RULES)
+    if unknown:
+        raise ValueError(f"unknown rule(s): {', '.join(sorted(unknown))}")
+    findings: list[Finding] = []
+    for name, rule in RULES.items():
+        findings.extend(rule(snapshot, prior=tuple(findings), **dict(overrides.get(name, {}))))
+    return sorted(findings, key=lambda f: (-f.severity_level, -(f.predicted_speedup or 1.0)))

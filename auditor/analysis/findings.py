@@ -1,0 +1,87 @@
+"""The finding: what a rule concludes, with its evidence, blamed ranks, fixes and speed-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Stable names (DESIGN.md): used in JSON, metrics, dashboards and alert rules.
+KINDS = (
+    "utilization_imbalance",
+    "data_starvation",
+    "batch_split",
+    "compute_straggler",
+    "hardware_straggler",
+    "memory_imbalance",
+    "memory_pressure",
+    "memory_headroom",
+    "idle_device",
+    "cpu_oversubscription",
+    "dataparallel_gather",
+)
+SEVERITIES = ("info", "warning", "critical")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One conclusion about the job.
+
+    ``ranks`` are the ranks the finding blames (never the ranks that only wait for them);
+    ``fixes`` maps each blamed rank to a concrete change; ``predicted_speedup`` is the job's
+    expected step-rate gain if every fix is applied, under the DDP barrier model
+    (:mod:`auditor.analysis.advisor`). ``cause`` names the kind that explains a symptom
+    finding such as ``utilization_imbalance``.
+    """
+
+    kind: str
+    severity: str
+    ranks: tuple[int, ...]
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fixes: dict[int, str] = field(default_factory=dict)
+    predicted_speedup: float | None = None
+    cause: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown finding kind {self.kind!r}")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+
+    @property
+    def severity_level(self) -> int:
+        return SEVERITIES.index(self.severity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "ranks": list(self.ranks),
+            "summary": self.summary,
+            "evidence": self.evidence,
+            "fixes": {str(r): fix for r, fix in sorted(self.fixes.items())},
+            "predicted_speedup": (
+                None if self.predicted_speedup is None else round(self.predicted_speedup, 3)
+            ),
+            "cause": self.cause,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
+        return cls(
+            kind=d["kind"],
+            severity=d["severity"],
+            ranks=tuple(int(r) for r in d.get("ranks", ())),
+            summary=d.get("summary", ""),
+            evidence=dict(d.get("evidence") or {}),
+            fixes={int(k): v for k, v in (d.get("fixes") or {}).items()},
+            predicted_speedup=d.get("predicted_speedup"),
+            cause=d.get("cause"),
+        )
+
+
+def severity_for(speedup: float | None, *, warning_at: float = 1.10, critical_at: float = 1.5) -> str:
+    """Severity from the predicted gain: what fixing it is worth to the whole job."""
+    if speedup is None or speedup < warning_at:
+        return "info"
+    return "critical" if speedup >= critical_at else "warning"

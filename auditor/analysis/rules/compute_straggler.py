@@ -1,0 +1,149 @@
+"""compute_straggler: a rank whose own compute is slower than its peers', that everyone waits for.
+
+Metric: per rank, compute time per sample (h2d + forward + backward minus the collective wait +
+optimizer, divided by the batch), and the median wait at the gradient all-reduce.
+
+Why the wait matters: DDP's all-reduce ends every step at a barrier, so fast ranks spend the
+straggler's extra time waiting inside ``backward()``. Backward *wall* time is then nearly equal on
+every rank and hides a delay inside backward; the wait is not: the straggler waits least. The
+rank is blamed only if it both computes slower per sample (by ``min_excess``) and, where the wait
+was measured, waits less than its peers; a rank that only waits is never blamed.
+
+The phase with the largest excess over the peers' median names where to look. Per-sample
+normalisation leaves uneven batches to ``batch_split``; data wait is excluded (``data_starvation``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from ..advisor import fmt_ms, predicted_speedup
+from ..findings import Finding, severity_for
+from ..snapshot import Snapshot
+from ..stats import RankStats
+from .common import peer_median, ranks_text, ready, with_expectation
+
+_PHASES = ("h2d", "forward", "backward", "optimizer")
+
+
+def detect(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding] = (),
+    min_steps: int = 8,
+    min_excess: float = 1.25,
+    min_gap_ratio: float = 0.10,
+) -> list[Finding]:
+    """Find ranks that compute slower than their peers and make them wait.
+
+    Args:
+        min_steps: steps a rank needs in the window before it is judged.
+        min_excess: compute per sample relative to the peers' median that counts as slow.
+        min_gap_ratio: the rank's extra local time must be at least this share of the step.
+    """
+    stats = ready(snapshot.stats, min_steps)
+    if len(stats) < 2:
+        return []
+    per_sample = {r: _per_sample(s) for r, s in stats.items()}
+    local = {r: s.local_s for r, s in stats.items()}
+    waits = {r: s.collective_wait_s for r, s in stats.items()}
+    step = statistics.median(s.step_s for s in stats.values())
+
+    blamed: dict[int, dict[str, float]] = {}
+    for r, s in stats.items():
+        peer_cps = peer_median(per_sample, r)
+        peer_local = peer_median(local, r)
+        if not peer_cps or peer_local is None:
+            continue
+        excess = per_sample[r] / peer_cps
+        gap = local[r] - peer_local
+        if excess < min_excess or gap < min_gap_ratio * step:
+            continue
+        w = waits[r]
+        peer_waits = [v for q, v in waits.items() if q != r and v is not None]
+        if w is not None and peer_waits and w >= statistics.median(peer_waits):
+            continue  # it waits as much as its peers: not the one they wait for
+        blamed[r] = {"excess": excess, "gap": gap}
+    if not blamed:
+        return []
+
+    peers_local = {r: peer_median({q: v for q, v in local.items() if q not in blamed}, r) for r in blamed}
+    new_local = {r: v for r, v in peers_local.items() if v is not None}
+    speedup = predicted_speedup(stats, new_local)
+    fixes: dict[int, str] = {}
+    per_rank: dict[str, object] = {}
+    for r in sorted(blamed):
+        s = stats[r]
+        phase, mine, theirs = _worst_phase(s, [stats[q] for q in stats if q not in blamed])
+        fix = (
+            f"{phase} takes {fmt_ms(mine)} vs {fmt_ms(theirs)} on peers: remove the rank-specific "
+            f"work in {phase}"
+        )
+        if s.batch_size:
+            share = max(1, round(s.batch_size * (peer_median(per_sample, r) or 0) / per_sample[r]))
+            if share < s.batch_size:
+                fix += f", or if its device is simply slower, batch_size {round(s.batch_size)} -> {share}"
+        fixes[r] = with_expectation(fix, speedup)
+        per_rank[str(r)] = {
+            "phase": phase,
+            "phase_ms": round(mine * 1e3, 1),
+            "peer_phase_ms": round(theirs * 1e3, 1),
+            "compute_per_sample_ratio": round(blamed[r]["excess"], 2),
+            "extra_local_ms": round(blamed[r]["gap"] * 1e3, 1),
+        }
+    evidence = {
+        "per_rank": per_rank,
+        "collective_wait_ms": {
+            str(r): None if w is None else round(w * 1e3, 1) for r, w in sorted(waits.items())
+        },
+        "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
+    }
+    first = min(blamed)
+    info = per_rank[str(first)]
+    assert isinstance(info, dict)
+    summary = (
+        f"{ranks_text(blamed)} compute{'s' if len(blamed) == 1 else ''} slower than peers "
+        f"({info['phase']} {info['phase_ms']:.0f} ms vs {info['peer_phase_ms']:.0f} ms); "
+        "the others wait for it at the all-reduce"
+    )
+    return [
+        Finding(
+            kind="compute_straggler",
+            severity=severity_for(speedup),
+            ranks=tuple(sorted(blamed)),
+            summary=summary,
+            evidence=evidence,
+            fixes=fixes,
+            predicted_speedup=speedup,
+        )
+    ]
+
+
+def _per_sample(s: RankStats) -> float:
+    return s.compute_s / s.batch_size if s.batch_size else s.compute_s
+
+
+def _phase_s(s: RankStats, phase: str) -> float:
+    if phase == "backward":
+        return max(0.0, s.backward_s - (s.collective_wait_s or 0.0))
+    return float(getattr(s, f"{phase}_s"))
+
+
+def _worst_phase(s: RankStats, peers: list[RankStats]) -> tuple[str, float, float]:
+    """The phase with the largest excess over the peers' median (per sample where batches differ)."""
+    best = ("forward", _phase_s(s, "forward"), 0.0)
+    best_gap = float("-inf")
+    for phase in _PHASES:
+        mine = _phase_s(s, phase)
+        scale = 1.0
+        theirs_each = []
+        for p in peers:
+            if s.batch_size and p.batch_size:
+                scale = s.batch_size / p.batch_size
+            theirs_each.append(_phase_s(p, phase) * scale)
+        theirs = statistics.median(theirs_each) if theirs_each else 0.0
+        if mine - theirs > best_gap:
+            best_gap = mine - theirs
+            best = (phase, mine, theirs)
+    return best

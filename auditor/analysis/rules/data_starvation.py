@@ -1,0 +1,169 @@
+"""data_starvation: a rank that spends a large share of its step waiting for its next batch.
+
+Metric: per rank, the median time blocked in the DataLoader's ``__next__`` as a share of the step.
+Decision: starved when the share is at least ``min_wait_ratio`` and the wait is at least
+``min_wait_s`` (so microsecond waits on very fast steps do not count).
+
+The fix sizes ``num_workers`` from what was measured:
+
+* per-batch load time ``L``: with ``num_workers == 0`` the main process loads, so ``L`` is the
+  data wait itself; with ``a`` workers that cannot keep up, each worker delivers one batch per
+  ``L`` seconds and the rank consumes one per step, so ``L ~= a * step``;
+* the target pace ``T``: the rank's own work per step without the data wait, or the job's
+  slowest rank's, whichever is longer (faster than the job's pace buys nothing);
+* ``b = ceil(margin * L / T)`` workers would keep up, capped by the host's free cores divided
+  by the CPU one worker was measured to use (1 core where unmeasured). When the host has no
+  free core, raising workers would only oversubscribe it: the fix says so instead.
+
+Assumptions: workers run independently (no shared lock in the dataset), and loading time per
+batch does not depend on the number of workers (true for decoding and for a storage backend
+that is not yet saturated).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..advisor import fmt_ms, fmt_pct, predicted_speedup
+from ..findings import Finding, severity_for
+from ..snapshot import Snapshot
+from ..stats import RankStats
+from .common import ranks_text, ready, with_expectation
+
+
+def detect(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding] = (),
+    min_steps: int = 8,
+    min_wait_ratio: float = 0.15,
+    min_wait_s: float = 0.002,
+    margin: float = 1.25,
+    max_workers: int = 32,
+) -> list[Finding]:
+    """Find starved ranks.
+
+    Args:
+        min_steps: steps a rank needs in the window before it is judged.
+        min_wait_ratio: data wait as a share of the step that counts as starved (0.15 = 15%).
+        min_wait_s: smallest median wait per step that counts, in seconds.
+        margin: head-room on the worker count so a burst of slow batches does not stall.
+        max_workers: upper bound on a recommended ``num_workers``.
+    """
+    stats = ready(snapshot.stats, min_steps)
+    starved = {
+        r: s
+        for r, s in stats.items()
+        if s.data_wait_ratio >= min_wait_ratio and s.data_wait_s >= min_wait_s
+    }
+    if not starved:
+        return []
+    # The pace the job would keep without data stalls: the slowest rank's own work.
+    job_pace = max(_work_s(s) for s in stats.values())
+    oversubscribed = {r for f in prior if f.kind == "cpu_oversubscription" for r in f.ranks}
+
+    new_local: dict[int, float] = {}
+    fixes: dict[int, str] = {}
+    evidence: dict[str, object] = {"job_pace_ms": round(job_pace * 1e3, 1), "per_rank": {}}
+    per_rank: dict[str, object] = {}
+    hosts = snapshot.hosts()
+    for r, s in sorted(starved.items()):
+        free = _free_cores(snapshot, s, starved_on_host=sum(1 for q in hosts.get(s.host, []) if q in starved))
+        plan = _worker_plan(s, job_pace, free, margin=margin, max_workers=max_workers)
+        current = s.loader.num_workers if s.loader else None
+        new_wait = plan.expected_wait_s
+        new_local[r] = max(0.0, s.local_s - s.data_wait_s + new_wait)
+        fixes[r] = _fix_text(s, plan, current, saturated=r in oversubscribed)
+        per_rank[str(r)] = {
+            "data_wait_ms": round(s.data_wait_s * 1e3, 1),
+            "step_ms": round(s.step_s * 1e3, 1),
+            "data_wait_ratio": round(s.data_wait_ratio, 3),
+            "load_per_batch_ms": round(plan.load_s * 1e3, 1),
+            "num_workers": current,
+            "recommended_workers": plan.workers,
+            "worker_cpu_each": None if s.worker_cpu_each is None else round(s.worker_cpu_each, 2),
+            "free_cores": round(free, 2),
+        }
+    evidence["per_rank"] = per_rank
+    speedup = predicted_speedup(stats, new_local)
+    worst = max(starved.values(), key=lambda s: s.data_wait_ratio)
+    summary = (
+        f"{ranks_text(starved)} wait{'s' if len(starved) == 1 else ''} for data: "
+        f"{fmt_ms(worst.data_wait_s)} of a {fmt_ms(worst.step_s)} step "
+        f"({fmt_pct(worst.data_wait_ratio)}) on rank {worst.rank}"
+    )
+    return [
+        Finding(
+            kind="data_starvation",
+            severity=severity_for(speedup),
+            ranks=tuple(sorted(starved)),
+            summary=summary,
+            evidence=evidence,
+            fixes={r: with_expectation(f, speedup) for r, f in fixes.items()},
+            predicted_speedup=speedup,
+        )
+    ]
+
+
+class _Plan:
+    def __init__(self, workers: int | None, load_s: float, expected_wait_s: float, capped: bool):
+        self.workers = workers
+        self.load_s = load_s
+        self.expected_wait_s = expected_wait_s
+        self.capped = capped
+
+
+def _work_s(s: RankStats) -> float:
+    """A rank's own work per step apart from waiting for data or for its peers."""
+    return max(1e-6, s.local_s - s.data_wait_s)
+
+
+def _free_cores(snapshot: Snapshot, s: RankStats, *, starved_on_host: int) -> float:
+    """Cores this rank's extra workers could use: idle cores plus what its workers use now,
+    shared among the starved ranks of the host. Unknown CPU reads as one free core each."""
+    node = snapshot.node_cpu(s.host)
+    if node is None:
+        return 1.0
+    idle = max(0.0, node.cores - node.busy_cores)
+    own = s.worker_cpu or 0.0
+    return (idle + own * starved_on_host) / max(1, starved_on_host)
+
+
+def _worker_plan(
+    s: RankStats, job_pace: float, free_cores: float, *, margin: float, max_workers: int
+) -> _Plan:
+    current = s.loader.num_workers if s.loader else 0
+    load_s = s.data_wait_s if current == 0 else current * s.step_s
+    target = max(_work_s(s), job_pace)
+    needed = min(max_workers, max(current + 1, math.ceil(margin * load_s / target)))
+    each = s.worker_cpu_each if s.worker_cpu_each is not None else 1.0
+    # I/O-bound workers barely use CPU; never let a tiny measurement allow an absurd count.
+    cap = current + int(free_cores / max(each, 0.05))
+    workers = min(needed, cap)
+    capped = workers < needed
+    if workers <= current:
+        return _Plan(None, load_s, s.data_wait_s, capped=True)
+    expected = max(0.0, load_s / workers - _work_s(s)) if workers else s.data_wait_s
+    return _Plan(workers, load_s, min(expected, s.data_wait_s), capped)
+
+
+def _fix_text(s: RankStats, plan: _Plan, current: int | None, *, saturated: bool) -> str:
+    parts: list[str] = []
+    cfg = s.loader
+    if plan.workers is None or saturated:
+        parts.append(
+            "no free CPU on this host for more DataLoader workers: make loading cheaper "
+            "(cache decoded samples, lighter transforms, decode on the device)"
+        )
+    else:
+        parts.append(f"num_workers {current if current is not None else '?'} -> {plan.workers}")
+        if plan.capped:
+            parts.append("(capped by free cores)")
+    if cfg is not None:
+        if not cfg.pin_memory and s.device.startswith("cuda"):
+            parts.append("pin_memory=True")
+        workers_after = plan.workers or cfg.num_workers
+        if workers_after > 0 and not cfg.persistent_workers:
+            parts.append("persistent_workers=True")
+    return ", ".join(parts)

@@ -1,0 +1,160 @@
+"""The snapshot: a time window of rank and node samples, the one input every rule judges.
+
+Both paths build it: the live path (`auditor run`: node actors -> :class:`SampleStore`) and, later,
+the operator path (PromQL -> snapshot). Nothing here does I/O or reads a clock: the caller says
+what "now" is.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from auditor.samples import Batch, NodeCpu, ProcessCpu, RankInfo, StepSample
+
+from .stats import RankStats, rank_stats
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's samples inside the window."""
+
+    info: RankInfo
+    steps: tuple[StepSample, ...]
+    cpu: tuple[ProcessCpu, ...] = ()
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Rank and node samples over ``[start, end]`` (wall-clock seconds)."""
+
+    job: str
+    start: float
+    end: float
+    ranks: tuple[RankView, ...]
+    nodes: tuple[NodeCpu, ...] = ()
+    # Total steps seen per rank over the whole run, not only the window (for the report).
+    total_steps: dict[int, int] = field(default_factory=dict)
+
+    @cached_property
+    def stats(self) -> dict[int, RankStats]:
+        """Per-rank robust statistics over the window, computed once per snapshot."""
+        return {view.info.rank: rank_stats(view) for view in self.ranks}
+
+    @property
+    def world_size(self) -> int:
+        sizes = [v.info.world_size for v in self.ranks]
+        return max(sizes) if sizes else 0
+
+    @property
+    def parallel_mode(self) -> str:
+        modes = {v.info.parallel_mode for v in self.ranks}
+        for mode in ("ddp", "dataparallel"):
+            if mode in modes:
+                return mode
+        return "none"
+
+    def node_cpu(self, host: str) -> NodeCpu | None:
+        """The latest node CPU sample of ``host`` in the window (None if never sampled)."""
+        latest: NodeCpu | None = None
+        for n in self.nodes:
+            if n.host == host and (latest is None or n.time > latest.time):
+                latest = n
+        return latest
+
+    def hosts(self) -> dict[str, list[int]]:
+        """Ranks grouped by host."""
+        out: dict[str, list[int]] = {}
+        for v in self.ranks:
+            out.setdefault(v.info.host, []).append(v.info.rank)
+        return out
+
+
+class SampleStore:
+    """Accumulates :class:`Batch` deliveries and cuts :class:`Snapshot` windows.
+
+    Memory stays bounded: each rank keeps at most ``max_steps_per_rank`` steps and
+    ``max_cpu_per_rank`` CPU samples (oldest dropped), so a week-long job costs the same as a
+    minute-long one. Step counts over the whole run are kept separately.
+    """
+
+    def __init__(
+        self, job: str = "", *, max_steps_per_rank: int = 20_000, max_cpu_per_rank: int = 3_600
+    ) -> None:
+        self.job = job
+        self._infos: dict[int, RankInfo] = {}
+        self._steps: dict[int, deque[StepSample]] = {}
+        self._cpu: dict[int, deque[ProcessCpu]] = {}
+        self._nodes: deque[NodeCpu] = deque(maxlen=max_cpu_per_rank)
+        self._ended: set[int] = set()
+        self._total: dict[int, int] = {}
+        self._max_steps = max_steps_per_rank
+        self._max_cpu = max_cpu_per_rank
+
+    def add(self, batch: Batch) -> None:
+        for info in batch.infos:
+            self._infos[info.rank] = info
+        for s in batch.steps:
+            self._steps.setdefault(s.rank, deque(maxlen=self._max_steps)).append(s)
+            self._total[s.rank] = self._total.get(s.rank, 0) + 1
+        for c in batch.processes:
+            self._cpu.setdefault(c.rank, deque(maxlen=self._max_cpu)).append(c)
+        self._nodes.extend(batch.nodes)
+        self._ended.update(batch.ended)
+
+    def add_all(self, batches: Iterable[Batch]) -> None:
+        for b in batches:
+            self.add(b)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(set(self._infos) | set(self._steps))
+
+    @property
+    def infos(self) -> dict[int, RankInfo]:
+        return dict(self._infos)
+
+    @property
+    def ended(self) -> set[int]:
+        return set(self._ended)
+
+    def total_steps(self) -> dict[int, int]:
+        return dict(self._total)
+
+    def latest_time(self) -> float | None:
+        """The newest sample time seen, the natural "now" for replayed data."""
+        times = [d[-1].time for d in self._steps.values() if d]
+        times += [d[-1].time for d in self._cpu.values() if d]
+        return max(times) if times else None
+
+    def first_time(self) -> float | None:
+        times = [d[0].time for d in self._steps.values() if d]
+        return min(times) if times else None
+
+    def snapshot(self, now: float, window_s: float | None) -> Snapshot:
+        """Samples with ``now - window_s < time <= now``; ``window_s=None`` takes everything."""
+        start = float("-inf") if window_s is None else now - window_s
+
+        def keep(t: float) -> bool:
+            return start < t <= now
+
+        views = []
+        for rank in self.ranks:
+            info = self._infos.get(rank) or RankInfo(rank=rank, world_size=0)
+            steps = tuple(s for s in self._steps.get(rank, ()) if keep(s.time))
+            cpu = tuple(c for c in self._cpu.get(rank, ()) if keep(c.time))
+            views.append(RankView(info=info, steps=steps, cpu=cpu, ended=rank in self._ended))
+        nodes = tuple(n for n in self._nodes if keep(n.time))
+        first = self.first_time()
+        lo = start if window_s is not None else (first if first is not None else now)
+        return Snapshot(
+            job=self.job,
+            start=lo,
+            end=now,
+            ranks=tuple(views),
+            nodes=nodes,
+            total_steps=self.total_steps(),
+        )

@@ -1,0 +1,122 @@
+"""Per-rank metrics computed once per snapshot; the rules decide on these.
+
+Medians, not means: on a shared machine a single descheduled step must not move a verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from auditor.samples import LoaderConfig
+
+if TYPE_CHECKING:
+    from .snapshot import RankView
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """Robust per-rank figures over a window (seconds per step unless named otherwise)."""
+
+    rank: int
+    host: str
+    device: str
+    steps: int
+    step_s: float
+    data_wait_s: float
+    h2d_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    # Median wait at the gradient all-reduce; None where the probe could not measure it.
+    collective_wait_s: float | None
+    # Local work apart from data: h2d + forward + (backward - wait) + optimizer.
+    compute_s: float
+    batch_size: float | None
+    main_cpu: float | None
+    worker_cpu: float | None
+    workers: int
+    loader: LoaderConfig | None
+    rss_bytes: float | None
+    mem_allocated_bytes: float | None
+    mem_peak_bytes: float | None
+
+    @property
+    def local_s(self) -> float:
+        """Time per step the rank spends on its own work, i.e. not waiting for its peers."""
+        return max(0.0, self.step_s - (self.collective_wait_s or 0.0))
+
+    @property
+    def data_wait_ratio(self) -> float:
+        return self.data_wait_s / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def busy_ratio(self) -> float:
+        """Share of the step spent computing (the analogue of device busy time)."""
+        return min(1.0, self.compute_s / self.step_s) if self.step_s > 0 else 0.0
+
+    @property
+    def wait_ratio(self) -> float:
+        if self.collective_wait_s is None or self.step_s <= 0:
+            return 0.0
+        return min(1.0, self.collective_wait_s / self.step_s)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        if self.batch_size is None or self.step_s <= 0:
+            return None
+        return self.batch_size / self.step_s
+
+    @property
+    def compute_per_sample_s(self) -> float | None:
+        if not self.batch_size:
+            return None
+        return self.compute_s / self.batch_size
+
+    @property
+    def worker_cpu_each(self) -> float | None:
+        """Mean CPU (cores) of one DataLoader worker, where workers were seen."""
+        if self.worker_cpu is None or self.workers <= 0:
+            return None
+        return self.worker_cpu / self.workers
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(statistics.median(present)) if present else None
+
+
+def rank_stats(view: RankView) -> RankStats:
+    steps = view.steps
+    cpu = view.cpu
+    main = [c.main_cpu for c in cpu if c.main_cpu is not None]
+    workers = [c.worker_cpu_total for c in cpu if c.workers]
+    return RankStats(
+        rank=view.info.rank,
+        host=view.info.host,
+        device=view.info.device,
+        steps=len(steps),
+        step_s=median([s.step_s for s in steps]),
+        data_wait_s=median([s.data_wait_s for s in steps]),
+        h2d_s=median([s.h2d_s for s in steps]),
+        forward_s=median([s.forward_s for s in steps]),
+        backward_s=median([s.backward_s for s in steps]),
+        optimizer_s=median([s.optimizer_s for s in steps]),
+        collective_wait_s=median_or_none([s.collective_wait_s for s in steps]),
+        compute_s=median([s.compute_s for s in steps]),
+        batch_size=median_or_none([s.batch_size for s in steps]),
+        main_cpu=statistics.fmean(main) if main else None,
+        # Mean worker CPU over samples that saw workers; None if never seen.
+        worker_cpu=statistics.fmean(workers) if workers else None,
+        workers=max((c.workers for c in cpu), default=0),
+        loader=view.info.loader,
+        rss_bytes=median_or_none([s.rss_bytes for s in steps]),
+        mem_allocated_bytes=median_or_none([s.mem_allocated_bytes for s in steps]),
+        mem_peak_bytes=median_or_none([s.mem_peak_bytes for s in steps]),
+    )

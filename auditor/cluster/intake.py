@@ -1,0 +1,161 @@
+"""Rank intake: the node-side end of the probe's socket (see ``auditor/probe/sink.py``).
+
+One thread multiplexes every rank connection with ``selectors``; each complete line is parsed
+into samples and queued for :meth:`RankIntake.drain`. A closed connection marks its rank ended.
+Malformed lines are counted and skipped: one bad sender must not cost the others their data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from auditor.samples import Batch, RankInfo, StepSample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Conn:
+    buf: bytes = b""
+    rank: int | None = None
+    pid: int | None = None
+
+
+@dataclass
+class IntakeDelta:
+    infos: dict[int, RankInfo] = field(default_factory=dict)
+    steps: list[StepSample] = field(default_factory=list)
+    ended: set[int] = field(default_factory=set)
+
+
+class RankIntake:
+    """Listens on a Unix socket path and collects what the ranks send."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        on_workers: Callable[[int, int, tuple[int, ...]], None] | None = None,
+    ) -> None:
+        self.path = path
+        self._on_workers = on_workers
+        self._sel = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._delta = IntakeDelta()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._server: socket.socket | None = None
+        self.infos: dict[int, RankInfo] = {}
+        self.bad_lines = 0
+        self.connections = 0
+
+    def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        if os.path.exists(self.path):
+            os.unlink(self.path)  # a stale socket from a dead agent
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(self.path)
+        os.chmod(self.path, 0o600)  # only the job's user may send samples
+        server.listen(128)
+        server.setblocking(False)
+        self._server = server
+        self._sel.register(server, selectors.EVENT_READ, data=None)
+        self._thread = threading.Thread(target=self._run, name="auditor-intake", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        for key in list(self._sel.get_map().values()):
+            try:
+                key.fileobj.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        self._sel.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def drain(self) -> Batch:
+        """Everything received since the last drain."""
+        with self._lock:
+            d, self._delta = self._delta, IntakeDelta()
+        return Batch(infos=tuple(d.infos.values()), steps=tuple(d.steps), ended=tuple(sorted(d.ended)))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._sel.select(timeout=0.2):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._read(key)
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        try:
+            conn, _ = self._server.accept()
+        except OSError:
+            return
+        conn.setblocking(False)
+        self.connections += 1
+        self._sel.register(conn, selectors.EVENT_READ, data=_Conn())
+
+    def _read(self, key: selectors.SelectorKey) -> None:
+        sock: socket.socket = key.fileobj  # type: ignore[assignment]
+        state: _Conn = key.data
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._sel.unregister(sock)
+            sock.close()
+            if state.buf.strip():
+                self._line(state, state.buf)
+            if state.rank is not None:
+                with self._lock:
+                    self._delta.ended.add(state.rank)
+            return
+        state.buf += chunk
+        *lines, state.buf = state.buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._line(state, line)
+
+    def _line(self, state: _Conn, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+            kind = msg.get("type")
+            if kind in ("hello", "info"):
+                info = RankInfo.from_dict(msg["info"])
+                state.rank, state.pid = info.rank, info.pid
+                self.infos[info.rank] = info
+                with self._lock:
+                    self._delta.infos[info.rank] = info
+                    self._delta.ended.discard(info.rank)
+            elif kind == "steps":
+                steps = [StepSample.from_row(row) for row in msg["rows"]]
+                with self._lock:
+                    self._delta.steps.extend(steps)
+            elif kind == "workers":
+                if self._on_workers and state.rank is not None and state.pid is not None:
+                    self._on_workers(state.rank, state.pid, tuple(int(p) for p in msg["pids"]))
+            elif kind == "bye":
+                pass
+            else:
+                raise ValueError(f"unknown message type {kind!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            self.bad_lines += 1
+            if self.bad_lines <= 3:
+                log.warning("auditor intake: skipped a malformed line: %s", exc)

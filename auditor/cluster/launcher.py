@@ -1,0 +1,146 @@
+"""The child job: started unchanged in its own process group, signals forwarded, nothing left.
+
+* The child gets its own session, so a signal the auditor forwards reaches the whole group
+  (torchrun, and through torchrun's own handlers, its ranks).
+* The auditor makes itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): ranks that
+  torchrun started in sessions of their own, and DataLoader workers, are re-parented to the
+  auditor if their parent dies, so :func:`reap_descendants` can find and end them at exit.
+* stdout and stderr are inherited: the job's output passes through byte for byte.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+import psutil
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class LaunchError(RuntimeError):
+    """The command cannot be started; the message is one clear line for the user."""
+
+
+def become_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def check_command(command: Sequence[str]) -> None:
+    """Refuse, before anything starts, a command that cannot run: empty, not found, or a
+    ``.py`` script argument that does not exist."""
+    if not command:
+        raise LaunchError("nothing to run: give the command after --, e.g. auditor run -- torchrun train.py")
+    exe = command[0]
+    if shutil.which(exe) is None:
+        raise LaunchError(f"command not found: {exe}")
+    for arg in command[1:]:
+        if arg.startswith("-"):
+            continue
+        if arg.endswith(".py"):
+            if not os.path.isfile(arg):
+                raise LaunchError(f"script not found: {arg}")
+            break
+
+
+def exit_code_of(returncode: int) -> int:
+    """Shell convention: a child killed by signal N exits 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Child:
+    """One launched command and its process group."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
+        self.command = list(command)
+        self.env = dict(env)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM the group, then SIGKILL what is left after ``grace_s``."""
+        if self.poll() is not None:
+            return self.poll()
+        self.signal_group(signal.SIGTERM)
+        code = self.wait(grace_s)
+        if code is None:
+            self.signal_group(signal.SIGKILL)
+            code = self.wait(5)
+        return code
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def reap_descendants(grace_s: float = 3.0, *, exclude: Sequence[int] = ()) -> list[int]:
+    """End every process below this one (ranks, DataLoader workers, Ray's processes).
+
+    Returns the PIDs that had to be signalled (empty when everything had already exited).
+    """
+    procs = [p for p in descendants() if p.pid not in set(exclude)]
+    if not procs:
+        return []
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=2)
+    # Children re-parented to us while we waited (grandchildren of those we ended).
+    late = [p for p in descendants() if p.pid not in set(exclude)]
+    for p in late:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(late, timeout=2)
+    time.sleep(0)  # let the kernel finish reaping
+    return [p.pid for p in procs + late]

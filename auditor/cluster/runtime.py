@@ -1,0 +1,132 @@
+"""Ray for ``auditor run``: an embedded local Ray by default, or an existing cluster (--address).
+
+The node agent runs as a Ray actor pinned to the driver's node (node affinity, ``num_cpus=0``).
+If Ray cannot start, the same agent runs inside the auditor's own process (``InProcessAgent``)
+so the job is still audited; the report notes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Protocol
+
+from auditor.samples import Batch
+
+from .agent import NodeAgentCore, ray_actor_class
+
+log = logging.getLogger(__name__)
+
+
+class AgentHandle(Protocol):
+    def drain(self) -> Batch: ...
+
+    def set_findings(self, findings: list[dict[str, Any]]) -> None: ...
+
+    def address(self) -> dict[str, Any]: ...
+
+    def stop(self) -> None: ...
+
+
+class InProcessAgent:
+    """The node agent in this process: for ``--no-ray`` and as the fallback when Ray fails."""
+
+    def __init__(self, **agent_kwargs: Any) -> None:
+        self.core = NodeAgentCore(**agent_kwargs)
+        self._address = self.core.start()
+
+    def drain(self) -> Batch:
+        return self.core.drain()
+
+    def set_findings(self, findings: list[dict[str, Any]]) -> None:
+        self.core.set_findings(findings)
+
+    def address(self) -> dict[str, Any]:
+        return self._address
+
+    def stop(self) -> None:
+        self.core.stop()
+
+
+class RayAgent:
+    """The node agent as a Ray actor on this node; starts or joins Ray."""
+
+    def __init__(
+        self, *, address: str | None, temp_dir: str | None, call_timeout_s: float = 30.0, **agent_kwargs: Any
+    ) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._ray = ray
+        self._timeout = call_timeout_s
+        self._owns_ray = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
+                         namespace="auditor")
+            else:
+                # A private single-node Ray for this run, on loopback only. Token auth protects a
+                # shared cluster; this one lives and dies with the run and listens on 127.0.0.1.
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                ray.init(
+                    num_cpus=1,
+                    num_gpus=0,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                    _temp_dir=temp_dir,
+                    _node_ip_address="127.0.0.1",
+                    namespace="auditor",
+                )
+                self._owns_ray = True
+        node_id = ray.get_runtime_context().get_node_id()
+        actor_cls = ray_actor_class()
+        self._actor = actor_cls.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote(**agent_kwargs)
+        self._address = ray.get(self._actor.start.remote(), timeout=self._timeout)
+
+    def drain(self) -> Batch:
+        result: Batch = self._ray.get(self._actor.drain.remote(), timeout=self._timeout)
+        return result
+
+    def set_findings(self, findings: list[dict[str, Any]]) -> None:
+        self._actor.set_findings.remote(findings)
+
+    def address(self) -> dict[str, Any]:
+        return self._address
+
+    def stop(self) -> None:
+        ray = self._ray
+        try:
+            ray.get(self._actor.stop.remote(), timeout=5)
+        except Exception:
+            pass
+        try:
+            ray.kill(self._actor)
+        except Exception:
+            pass
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def start_agent(
+    *, use_ray: bool, address: str | None, temp_dir: str | None, **agent_kwargs: Any
+) -> tuple[AgentHandle, str | None]:
+    """The agent for this run, and a note when it had to fall back to running in-process."""
+    if not use_ray:
+        return InProcessAgent(**agent_kwargs), None
+    try:
+        return RayAgent(address=address, temp_dir=temp_dir, **agent_kwargs), None
+    except Exception as exc:
+        if address:
+            raise
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        except Exception:
+            pass
+        note = f"Ray could not start ({type(exc).__name__}: {exc}); the node agent ran in-process"
+        return InProcessAgent(**agent_kwargs), note

@@ -1,0 +1,261 @@
+"""The one metric catalog: every metric the auditor exports, read by the exporter, the dashboards
+and the alert rules, so a name, a unit or a label set is defined exactly once.
+
+Conventions (DESIGN.md): prefix ``auditor_``; base units in the name (``_seconds``, ``_bytes``,
+``_ratio`` in 0..1, ``_cores`` for CPU); counters end in ``_total`` here (the exporter strips it
+for prometheus_client, which appends it again). Every rank and node metric carries ``job`` and
+``node``; rank metrics also ``rank`` and ``local_rank``. A value that was not measured is exported
+as no series at all, never as zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from auditor.analysis.findings import KINDS, SEVERITIES
+from auditor.samples import PHASES
+
+MetricType = Literal["gauge", "counter", "info"]
+
+PREFIX = "auditor_"
+
+# Values of the bounded, metric-specific labels. They bound the series count per rank and give
+# dashboards and alert rules a fixed list to iterate over.
+MEMORY_KINDS = ("rss", "allocated", "reserved", "peak")
+CPU_PROCESSES = ("main", "workers")
+
+LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "phase": PHASES,
+    "memory": MEMORY_KINDS,
+    "process": CPU_PROCESSES,
+    "kind": KINDS,
+    "severity": SEVERITIES,
+}
+
+# The shared vocabulary (DESIGN.md) plus the specific labels above and the descriptive labels of
+# ``auditor_rank_info``. A label outside this set is a catalog bug.
+COMMON_LABELS = ("job", "node", "rank", "local_rank", "gpu", "uuid")
+INFO_LABELS = ("device", "parallel_mode", "world_size")
+LABELS: frozenset[str] = frozenset(COMMON_LABELS + INFO_LABELS + tuple(LABEL_VALUES))
+
+# Units a metric may declare, and the name suffix each one requires ("" = dimensionless count).
+UNIT_SUFFIX: dict[str, str] = {
+    "seconds": "_seconds",
+    "bytes": "_bytes",
+    "ratio": "_ratio",
+    "cores": "_cores",
+    "samples": "",
+    "": "",
+}
+
+# The most series the ``auditor_rank_*`` metrics may produce for one rank: keeps a 1000-rank job
+# at a size Prometheus takes without thought.
+RANK_SERIES_BUDGET = 30
+
+RANK = ("job", "node", "rank", "local_rank")
+NODE = ("job", "node")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric: its full name (counters with ``_total``), type, unit, help, labels."""
+
+    name: str
+    type: MetricType
+    unit: str
+    help: str
+    labels: tuple[str, ...]
+
+
+# --- per rank: identity and liveness --------------------------------------------------------------
+RANK_INFO = MetricSpec(
+    name="auditor_rank_info",
+    type="gauge",
+    unit="",
+    help="Always 1; the rank's device, parallel mode and world size as labels.",
+    labels=(*RANK, "device", "parallel_mode", "world_size"),
+)
+RANK_UP = MetricSpec(
+    name="auditor_rank_up",
+    type="gauge",
+    unit="",
+    help="1 while the rank's connection to the node agent is open, 0 after it ended.",
+    labels=RANK,
+)
+
+# --- per rank: step counters (rate() them) --------------------------------------------------------
+RANK_STEPS_TOTAL = MetricSpec(
+    name="auditor_rank_steps_total",
+    type="counter",
+    unit="",
+    help="Training steps (optimizer steps) the rank completed.",
+    labels=RANK,
+)
+RANK_STEP_SECONDS_TOTAL = MetricSpec(
+    name="auditor_rank_step_seconds_total",
+    type="counter",
+    unit="seconds",
+    help="Sum of step durations; divide its rate by the steps rate for the mean step time.",
+    labels=RANK,
+)
+RANK_PHASE_SECONDS_TOTAL = MetricSpec(
+    name="auditor_rank_phase_seconds_total",
+    type="counter",
+    unit="seconds",
+    help="Sum of time per step phase; collective_wait is part of backward (wall time). "
+    "A phase that was never measured has no series.",
+    labels=(*RANK, "phase"),
+)
+RANK_SAMPLES_TOTAL = MetricSpec(
+    name="auditor_rank_samples_total",
+    type="counter",
+    unit="",
+    help="Training samples the rank consumed (sum of known batch sizes).",
+    labels=RANK,
+)
+
+# --- per rank: the latest step --------------------------------------------------------------------
+RANK_LAST_STEP_SECONDS = MetricSpec(
+    name="auditor_rank_last_step_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Duration of the rank's latest step.",
+    labels=RANK,
+)
+RANK_LAST_STEP_TIMESTAMP_SECONDS = MetricSpec(
+    name="auditor_rank_last_step_timestamp_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Wall-clock time (seconds since the epoch) of the rank's latest step.",
+    labels=RANK,
+)
+RANK_BATCH_SIZE = MetricSpec(
+    name="auditor_rank_batch_size",
+    type="gauge",
+    unit="samples",
+    help="Batch size of the rank's latest step.",
+    labels=RANK,
+)
+RANK_MEMORY_BYTES = MetricSpec(
+    name="auditor_rank_memory_bytes",
+    type="gauge",
+    unit="bytes",
+    help="Rank memory: host rss, device allocated, reserved and peak allocated. "
+    "No series where it was not measured (e.g. device memory on a CPU rank).",
+    labels=(*RANK, "memory"),
+)
+
+# --- per rank: CPU and DataLoader -----------------------------------------------------------------
+RANK_CPU_CORES = MetricSpec(
+    name="auditor_rank_cpu_cores",
+    type="gauge",
+    unit="cores",
+    help="CPU used by the rank's main process (process=main) and by all its DataLoader workers "
+    "together (process=workers); 1.0 = one core fully busy.",
+    labels=(*RANK, "process"),
+)
+RANK_DATALOADER_WORKERS = MetricSpec(
+    name="auditor_rank_dataloader_workers",
+    type="gauge",
+    unit="",
+    help="DataLoader worker processes of the rank that are alive now.",
+    labels=RANK,
+)
+RANK_DATALOADER_CONFIG_WORKERS = MetricSpec(
+    name="auditor_rank_dataloader_config_workers",
+    type="gauge",
+    unit="",
+    help="num_workers the rank's DataLoader is configured with.",
+    labels=RANK,
+)
+
+# --- per node -------------------------------------------------------------------------------------
+NODE_CPU_CORES = MetricSpec(
+    name="auditor_node_cpu_cores",
+    type="gauge",
+    unit="cores",
+    help="CPU cores available on the node.",
+    labels=NODE,
+)
+NODE_CPU_BUSY_CORES = MetricSpec(
+    name="auditor_node_cpu_busy_cores",
+    type="gauge",
+    unit="cores",
+    help="CPU cores busy on the node (all processes).",
+    labels=NODE,
+)
+NODE_LOAD1 = MetricSpec(
+    name="auditor_node_load1",
+    type="gauge",
+    unit="",
+    help="One-minute load average of the node.",
+    labels=NODE,
+)
+
+# --- findings (one series per blamed rank; rank="" for a job-wide finding) ------------------------
+FINDING = MetricSpec(
+    name="auditor_finding",
+    type="gauge",
+    unit="",
+    help="Always 1 while the analysis holds this finding against the rank.",
+    labels=("job", "kind", "rank", "node", "severity"),
+)
+FINDING_PREDICTED_SPEEDUP = MetricSpec(
+    name="auditor_finding_predicted_speedup",
+    type="gauge",
+    unit="",
+    help="Expected job step-rate gain (x, 1.0 = none) if every fix of the finding is applied; "
+    "repeated on each blamed rank, aggregate with max().",
+    labels=("job", "kind", "rank"),
+)
+
+CATALOG: tuple[MetricSpec, ...] = (
+    RANK_INFO,
+    RANK_UP,
+    RANK_STEPS_TOTAL,
+    RANK_STEP_SECONDS_TOTAL,
+    RANK_PHASE_SECONDS_TOTAL,
+    RANK_SAMPLES_TOTAL,
+    RANK_LAST_STEP_SECONDS,
+    RANK_LAST_STEP_TIMESTAMP_SECONDS,
+    RANK_BATCH_SIZE,
+    RANK_MEMORY_BYTES,
+    RANK_CPU_CORES,
+    RANK_DATALOADER_WORKERS,
+    RANK_DATALOADER_CONFIG_WORKERS,
+    NODE_CPU_CORES,
+    NODE_CPU_BUSY_CORES,
+    NODE_LOAD1,
+    FINDING,
+    FINDING_PREDICTED_SPEEDUP,
+)
+
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOG}
+
+
+def spec(name: str) -> MetricSpec:
+    """The catalog entry for ``name``; a KeyError names the missing metric."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name!r} is not in the catalog") from None
+
+
+def rank_specs() -> tuple[MetricSpec, ...]:
+    """The per-rank metrics: the ones counted against :data:`RANK_SERIES_BUDGET`."""
+    return tuple(s for s in CATALOG if s.name.startswith(PREFIX + "rank_"))
+
+
+def max_series(metric: MetricSpec) -> int:
+    """Most series ``metric`` yields for one rank/node: the product of its bounded labels."""
+    n = 1
+    for label in metric.labels:
+        if label in LABEL_VALUES:
+            n *= len(LABEL_VALUES[label])
+    return n
+
+
+def series_per_rank() -> int:
+    """Upper bound of the ``auditor_rank_*`` series one rank produces."""
+    return sum(max_series(s) for s in rank_specs())

@@ -1,0 +1,232 @@
+"""Prometheus exporter: a custom collector that renders the latest :class:`ExportState` per scrape.
+
+Rendering at scrape time (instead of updating client-library gauges as samples arrive) keeps
+the hot path free of Prometheus work and makes a series disappear when its value is unknown,
+which stateful gauges cannot do. Every family is built from a :mod:`auditor.metrics.catalog`
+spec, so no metric name or label set is spelled outside the catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from auditor.samples import PHASES
+
+from . import catalog as C
+from .catalog import MetricSpec
+from .state import ExportState
+
+StateFn = Callable[[], ExportState]
+
+
+class _Series:
+    """Samples per catalog spec, keyed by label values in the spec's label order.
+
+    Checks each sample's label names against the spec (a mismatch is a bug here, not something
+    to ship) and merges duplicate label sets by ``max`` -- only findings can collide, e.g. two
+    findings of one kind blaming the same rank.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, dict[tuple[str, ...], float]] = {}
+
+    def add(self, metric: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        if tuple(labels) != metric.labels:
+            raise ValueError(f"{metric.name}: labels {tuple(labels)} != catalog {metric.labels}")
+        key = tuple(labels.values())
+        series = self._values.setdefault(metric.name, {})
+        series[key] = max(value, series[key]) if key in series else value
+
+    def families(self) -> Iterator[Metric]:
+        """One family per spec that has samples, in catalog order (stable output)."""
+        for metric in C.CATALOG:
+            series = self._values.get(metric.name)
+            if not series:
+                continue
+            family = family_for(metric)
+            for key, value in series.items():
+                if isinstance(family, InfoMetricFamily):
+                    family.add_metric(list(key), {})  # an info sample is always 1
+                else:
+                    family.add_metric(list(key), value)
+            yield family
+
+
+Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
+
+
+def family_for(metric: MetricSpec) -> Family:
+    """An empty prometheus_client family for ``metric``.
+
+    The unit is passed on only when the name already ends in it: prometheus_client appends a
+    missing unit to the name, and OpenMetrics requires the suffix wherever ``# UNIT`` is set.
+    """
+    if metric.type == "counter":
+        base = metric.name.removesuffix("_total")
+        unit = metric.unit if metric.unit and base.endswith("_" + metric.unit) else ""
+        return CounterMetricFamily(base, metric.help, labels=metric.labels, unit=unit)
+    if metric.type == "info":
+        base = metric.name.removesuffix("_info")
+        return InfoMetricFamily(base, metric.help, labels=metric.labels)
+    unit = metric.unit if metric.unit and metric.name.endswith("_" + metric.unit) else ""
+    return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels, unit=unit)
+
+
+def render(state: ExportState) -> list[Metric]:
+    """All metric families for ``state``; a value that is None yields no series."""
+    # Copy the containers first: the owner may update them in place while a scrape runs.
+    infos = dict(state.infos)
+    totals = dict(state.totals)
+    cpu = dict(state.cpu)
+    ended = set(state.ended)
+    findings = list(state.findings)
+    out = _Series()
+
+    # Only ranks that introduced themselves: label sets (local_rank, node) stay stable.
+    for rank in sorted(infos):
+        info = infos[rank]
+        base = {
+            "job": state.job,
+            "node": info.host or state.node,
+            "rank": str(rank),
+            "local_rank": str(info.local_rank),
+        }
+        out.add(
+            C.RANK_INFO,
+            {
+                **base,
+                "device": info.device,
+                "parallel_mode": info.parallel_mode,
+                "world_size": str(info.world_size),
+            },
+            1,
+        )
+        out.add(C.RANK_UP, base, 0 if rank in ended else 1)
+        if info.loader is not None:
+            out.add(C.RANK_DATALOADER_CONFIG_WORKERS, base, info.loader.num_workers)
+
+        proc = cpu.get(rank)
+        if proc is not None:
+            if proc.main_cpu is not None:
+                out.add(C.RANK_CPU_CORES, {**base, "process": "main"}, proc.main_cpu)
+            out.add(C.RANK_CPU_CORES, {**base, "process": "workers"}, proc.worker_cpu_total)
+            out.add(C.RANK_DATALOADER_WORKERS, base, proc.workers)
+
+        tot = totals.get(rank)
+        last = tot.last if tot is not None else None
+        if tot is not None and tot.steps:
+            out.add(C.RANK_STEPS_TOTAL, base, tot.steps)
+            out.add(C.RANK_STEP_SECONDS_TOTAL, base, tot.step_seconds)
+            for phase in PHASES:
+                # A phase the probe could not attach to reads 0.0 in samples: not a measurement.
+                if phase in tot.phase_seconds and phase not in info.unmeasured:
+                    out.add(
+                        C.RANK_PHASE_SECONDS_TOTAL,
+                        {**base, "phase": phase},
+                        tot.phase_seconds[phase],
+                    )
+            if tot.samples is not None:
+                out.add(C.RANK_SAMPLES_TOTAL, base, tot.samples)
+        if last is not None:
+            out.add(C.RANK_LAST_STEP_SECONDS, base, last.step_s)
+            out.add(C.RANK_LAST_STEP_TIMESTAMP_SECONDS, base, last.time)
+            if last.batch_size is not None:
+                out.add(C.RANK_BATCH_SIZE, base, last.batch_size)
+
+        # rss from the probe's step; the node-side process sample when the step has none.
+        rss = last.rss_bytes if last is not None else None
+        if rss is None and proc is not None:
+            rss = proc.rss_bytes
+        memory = {
+            "rss": rss,
+            "allocated": last.mem_allocated_bytes if last is not None else None,
+            "reserved": last.mem_reserved_bytes if last is not None else None,
+            "peak": last.mem_peak_bytes if last is not None else None,
+        }
+        for kind in C.MEMORY_KINDS:
+            value = memory[kind]
+            if value is not None:
+                out.add(C.RANK_MEMORY_BYTES, {**base, "memory": kind}, value)
+
+    node_cpu = state.node_cpu
+    if node_cpu is not None:
+        node = {"job": state.job, "node": node_cpu.host or state.node}
+        out.add(C.NODE_CPU_CORES, node, node_cpu.cores)
+        out.add(C.NODE_CPU_BUSY_CORES, node, node_cpu.busy_cores)
+        out.add(C.NODE_LOAD1, node, node_cpu.load1)
+
+    for finding in findings:
+        # One series per blamed rank so dashboards can join on rank; rank="" when job-wide.
+        blamed: tuple[int | None, ...] = finding.ranks or (None,)
+        for r in blamed:
+            rank_label = "" if r is None else str(r)
+            blamed_info = infos.get(r) if r is not None else None
+            node_label = (blamed_info.host or state.node) if blamed_info is not None else ""
+            out.add(
+                C.FINDING,
+                {
+                    "job": state.job,
+                    "kind": finding.kind,
+                    "rank": rank_label,
+                    "node": node_label,
+                    "severity": finding.severity,
+                },
+                1,
+            )
+            if finding.predicted_speedup is not None:
+                out.add(
+                    C.FINDING_PREDICTED_SPEEDUP,
+                    {"job": state.job, "kind": finding.kind, "rank": rank_label},
+                    finding.predicted_speedup,
+                )
+
+    return list(out.families())
+
+
+class AuditorCollector(Collector):
+    """Custom collector: calls ``state_fn`` once per scrape and renders what it returns."""
+
+    def __init__(self, state_fn: StateFn) -> None:
+        self._state_fn = state_fn
+
+    def collect(self) -> Iterator[Metric]:
+        yield from render(self._state_fn())
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front: the families depend on the state, and registering must not call it."""
+        return []
+
+
+def make_registry(state_fn: StateFn) -> CollectorRegistry:
+    """A fresh registry holding only the auditor collector (no process/platform collectors:
+    the auditor reports on training ranks, not on itself)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AuditorCollector(state_fn))
+    return registry
+
+
+def serve(
+    registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0
+) -> tuple[WSGIServer, int]:
+    """Serve ``registry`` over HTTP on a daemon thread; returns the server and the bound port.
+
+    Binds to loopback unless told otherwise (DESIGN.md); ``port=0`` picks a free port.
+    """
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, int(server.server_port)
+
+
+def stop(server: WSGIServer) -> None:
+    """Stop serving and release the socket (the serving thread exits with serve_forever)."""
+    server.shutdown()
+    server.server_close()

@@ -1,0 +1,64 @@
+"""What the exporter renders at scrape time: plain data, no Prometheus types.
+
+Whoever owns the samples (the node agent, the analysis service) keeps an :class:`ExportState`
+current and hands the exporter a function returning it; the collector never reads samples itself,
+so a scrape costs only the rendering and tests build a state by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from auditor.analysis.findings import Finding
+from auditor.samples import PHASES, NodeCpu, ProcessCpu, RankInfo, StepSample
+
+# StepSample field holding each phase's duration (collective_wait may be None: not measured).
+PHASE_FIELDS: dict[str, str] = {phase: f"{phase}_s" for phase in PHASES}
+
+
+@dataclass
+class RankTotals:
+    """Running totals of one rank since it started, so counters survive the bounded step window.
+
+    ``phase_seconds`` holds only phases measured at least once and ``samples`` stays None until
+    a step reports its batch size: an unmeasured total is absent, not zero.
+    """
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    samples: int | None = None
+    last: StepSample | None = None
+
+    def add(self, step: StepSample) -> None:
+        """Account one step; ``last`` follows the newest step even if steps arrive out of order."""
+        self.steps += 1
+        self.step_seconds += step.step_s
+        for phase, attr in PHASE_FIELDS.items():
+            value: float | None = getattr(step, attr)
+            if value is not None:
+                self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
+        if step.batch_size is not None:
+            self.samples = (self.samples or 0) + step.batch_size
+        if self.last is None or (step.step, step.time) >= (self.last.step, self.last.time):
+            self.last = step
+
+
+@dataclass(frozen=True)
+class ExportState:
+    """Everything one exporter publishes: the ranks it knows, their totals, CPU and findings.
+
+    ``cpu`` holds the latest :class:`ProcessCpu` per rank; ``ended`` the ranks whose connection
+    closed (exported as ``auditor_rank_up 0`` rather than dropped, so alerts can see the end).
+    Frozen so a published state is not swapped field by field; the owner may still update the
+    containers in place (the collector copies each one before iterating it).
+    """
+
+    job: str
+    node: str
+    infos: dict[int, RankInfo] = field(default_factory=dict)
+    totals: dict[int, RankTotals] = field(default_factory=dict)
+    cpu: dict[int, ProcessCpu] = field(default_factory=dict)
+    node_cpu: NodeCpu | None = None
+    ended: set[int] = field(default_factory=set)
+    findings: list[Finding] = field(default_factory=list)

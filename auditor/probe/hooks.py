@@ -1,0 +1,501 @@
+"""Hooks that time an unmodified training script from inside its process.
+
+What is hooked, and why this way:
+
+* DataLoader: ``_BaseDataLoaderIter.__next__`` (every loader, single- or multi-process) for the
+  data wait and the batch size; ``DataLoader.__iter__`` to read the loader's settings and its
+  worker PIDs once per epoch.
+* Forward: global module hooks only until the model is known. The first module called at top
+  level is taken as the model and gets its own hooks; the global ones are removed after
+  ``discover_steps`` steps, so big models do not pay a Python call per submodule. A DDP or
+  DataParallel wrapper is the model as soon as it is built.
+* Backward: ``torch.autograd.backward``, which ``Tensor.backward`` calls by attribute.
+* Optimizer: the global optimizer step pre/post hooks.
+* Collective wait: a DDP communication hook that wraps the default all-reduce and times its
+  futures. DDP accepts one hook: if the script registers its own, the timing wrapper wraps that
+  one instead (before or after ours went in), so the script's hook always runs.
+
+Everything is wrapped in ``try``: if a hook cannot attach, the job runs untouched and the phase
+is reported as not measured.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from auditor.samples import LoaderConfig, RankInfo
+
+from .clock import CpuTimer, CudaTimer, StepClock
+from .sink import Sink, step_message
+
+_DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
+
+
+def default_sink_path() -> str:
+    """Where a fleet node agent listens when no launcher set ``AUDITOR_SINK``."""
+    return os.path.join(_DEFAULT_SINK_DIR.format(uid=os.getuid()), "sink.sock")
+
+
+def batch_size_of(batch: Any, _depth: int = 0) -> int | None:
+    """Samples in a batch: the leading dimension of its first tensor (tuples, lists, dicts)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if _depth > 3:
+        return None
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_size_of(item, _depth + 1)
+            if n is not None:
+                return n
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            n = batch_size_of(item, _depth + 1)
+            if n is not None:
+                return n
+    return None
+
+
+class Probe:
+    """One per training process: the step clock, the rank's identity and the sink."""
+
+    def __init__(self, torch: Any, *, sink_path: str | None = None, job: str = "") -> None:
+        self.torch = torch
+        self.job = job or os.environ.get("AUDITOR_JOB", "")
+        self.sink_path = sink_path or os.environ.get("AUDITOR_SINK") or default_sink_path()
+        self.enabled = True
+        self.active = False
+        self.parallel_mode = "none"
+        self.devices: tuple[int, ...] = ()
+        self.device = "cpu"
+        self.loader: LoaderConfig | None = None
+        self.worker_pids: tuple[int, ...] = ()
+        self.unmeasured: set[str] = set()
+        self._info_sent: dict[str, Any] | None = None
+        self._workers_sent: tuple[int, ...] | None = None
+        self.model: Any = None
+        self._discover_steps = int(os.environ.get("AUDITOR_PROBE_DISCOVER_STEPS", "3"))
+        self._global_fwd: list[Any] = []
+        self._fwd_depth = 0
+        self._model_hooks: list[Any] = []
+        self._lock = threading.Lock()
+        cuda = self._cuda_available()
+        self.clock = StepClock(
+            rank=self.rank,
+            timer=CudaTimer(torch) if cuda else CpuTimer(),
+            memory=self._cuda_memory if cuda else None,
+        )
+        self.sink = Sink(
+            self.sink_path,
+            collect=self._collect,
+            hello=self._hello,
+            interval_s=float(os.environ.get("AUDITOR_PROBE_FLUSH_S", "0.5")),
+        )
+
+    # --- identity ------------------------------------------------------------------------------
+    def _cuda_available(self) -> bool:
+        try:
+            return bool(self.torch.cuda.is_available())
+        except Exception:
+            return False
+
+    def _dist(self) -> Any:
+        try:
+            d = self.torch.distributed
+            return d if d.is_available() and d.is_initialized() else None
+        except Exception:
+            return None
+
+    def rank(self) -> int:
+        d = self._dist()
+        if d is not None:
+            return int(d.get_rank())
+        return int(os.environ.get("RANK", "0"))
+
+    def world_size(self) -> int:
+        d = self._dist()
+        if d is not None:
+            return int(d.get_world_size())
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    def info(self) -> RankInfo:
+        return RankInfo(
+            rank=self.rank(),
+            world_size=self.world_size(),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            device=self.device,
+            parallel_mode=self.parallel_mode,
+            devices=self.devices,
+            loader=self.loader,
+            unmeasured=tuple(sorted(self.unmeasured)),
+            job=self.job,
+        )
+
+    def _hello(self) -> dict[str, Any]:
+        info = self.info().to_dict()
+        self._info_sent = info
+        self._workers_sent = None
+        return {"type": "hello", "version": 1, "info": info}
+
+    def _collect(self) -> list[dict[str, Any]]:
+        msgs: list[dict[str, Any]] = []
+        info = self.info().to_dict()
+        if info != self._info_sent:
+            self._info_sent = info
+            msgs.append({"type": "info", "info": info})
+        if self.worker_pids != self._workers_sent:
+            self._workers_sent = self.worker_pids
+            msgs.append({"type": "workers", "pids": list(self.worker_pids)})
+        steps = self.clock.resolve(rss_bytes=_rss_bytes())
+        if steps:
+            msgs.append(step_message(self.rank(), steps))
+        return msgs
+
+    def _cuda_memory(self) -> tuple[int | None, int | None, int | None]:
+        try:
+            c = self.torch.cuda
+            return (int(c.memory_allocated()), int(c.memory_reserved()), int(c.max_memory_allocated()))
+        except Exception:
+            return (None, None, None)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def activate(self) -> bool:
+        """Start the sink on the first training event of this process (not in launchers or
+        DataLoader workers, which import torch but never train)."""
+        if self.active:
+            return True
+        if not self.enabled:
+            return False
+        try:
+            if self.torch.utils.data.get_worker_info() is not None:
+                self.enabled = False
+                return False
+        except Exception:
+            pass
+        self.active = True
+        self.sink.start()
+        atexit.register(self.shutdown)
+        return True
+
+    def shutdown(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        self.clock.flush_open()
+        self.sink.close()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker) must not report as the rank it was forked from."""
+        self.enabled = False
+        self.active = False
+        self.sink.abandon()
+
+    # --- model discovery ---------------------------------------------------------------------
+    def set_model(self, module: Any) -> None:
+        if self.model is module:
+            return
+        for h in self._model_hooks:
+            h.remove()
+        self._model_hooks = [
+            module.register_forward_pre_hook(self._model_pre),
+            module.register_forward_hook(self._model_post),
+        ]
+        self.model = module
+        self._remove_global_forward()
+
+    def _remove_global_forward(self) -> None:
+        for h in self._global_fwd:
+            h.remove()
+        self._global_fwd = []
+
+    def _model_pre(self, module: Any, args: Any) -> None:
+        if self.enabled and (self.active or self.activate()):
+            self.clock.forward_begin()
+
+    def _model_post(self, module: Any, args: Any, output: Any) -> None:
+        if self.active:
+            self.clock.forward_end()
+
+    def _global_pre(self, module: Any, args: Any) -> None:
+        if self._fwd_depth == 0 and self.enabled and (self.active or self.activate()):
+            if self.model is None and self.clock.steps >= self._discover_steps:
+                self._remove_global_forward()
+            self.clock.forward_begin()
+        self._fwd_depth += 1
+
+    def _global_post(self, module: Any, args: Any, output: Any) -> None:
+        self._fwd_depth = max(0, self._fwd_depth - 1)
+        if self._fwd_depth == 0 and self.active:
+            self.clock.forward_end()
+            if self.clock.steps + 1 >= self._discover_steps and self.model is None:
+                self.set_model(module)
+
+
+_PROBE: Probe | None = None
+
+
+def current() -> Probe | None:
+    return _PROBE
+
+
+def attach(torch: Any, *, sink_path: str | None = None, job: str = "") -> Probe | None:
+    """Install every hook into ``torch`` once per process; returns the probe (or None)."""
+    global _PROBE
+    if _PROBE is not None:
+        return _PROBE
+    probe = Probe(torch, sink_path=sink_path, job=job)
+    _PROBE = probe
+    for name, fn in (
+        ("data", _hook_dataloader),
+        ("forward", _hook_forward),
+        ("backward", _hook_backward),
+        ("optimizer", _hook_optimizer),
+        ("collective_wait", _hook_ddp),
+        ("dataparallel", _hook_dataparallel),
+    ):
+        try:
+            fn(probe, torch)
+        except Exception as exc:  # never break the job: report the phase as not measured
+            probe.unmeasured.add(name)
+            if os.environ.get("AUDITOR_DEBUG"):
+                print(f"auditor probe: could not hook {name}: {exc!r}", file=sys.stderr)
+    os.register_at_fork(after_in_child=probe.after_fork_in_child)
+    return probe
+
+
+def _hook_dataloader(probe: Probe, torch: Any) -> None:
+    dl = importlib.import_module("torch.utils.data.dataloader")
+    base_iter = dl._BaseDataLoaderIter
+    orig_next = base_iter.__next__
+    orig_iter = dl.DataLoader.__iter__
+    clock = probe.clock
+
+    @functools.wraps(orig_next)
+    def __next__(self: Any) -> Any:
+        if not probe.enabled or not (probe.active or probe.activate()):
+            return orig_next(self)
+        began = clock.data_begin()
+        batch = orig_next(self)
+        clock.data_end(began, batch_size_of(batch))
+        return batch
+
+    @functools.wraps(orig_iter)
+    def __iter__(self: Any) -> Any:
+        it = orig_iter(self)
+        if probe.enabled:
+            try:
+                probe.loader = _loader_config(self)
+                workers = getattr(it, "_workers", None) or ()
+                probe.worker_pids = tuple(int(w.pid) for w in workers if w.pid)
+            except Exception:
+                pass
+        return it
+
+    base_iter.__next__ = __next__
+    dl.DataLoader.__iter__ = __iter__
+
+
+def _loader_config(loader: Any) -> LoaderConfig:
+    sampler = getattr(loader, "sampler", None)
+    prefetch = getattr(loader, "prefetch_factor", None)
+    return LoaderConfig(
+        num_workers=int(loader.num_workers),
+        pin_memory=bool(loader.pin_memory),
+        prefetch_factor=int(prefetch) if prefetch is not None else None,
+        persistent_workers=bool(loader.persistent_workers),
+        batch_size=loader.batch_size,
+        drop_last=bool(loader.drop_last),
+        sampler=type(sampler).__name__ if sampler is not None else "",
+        dataset=type(loader.dataset).__name__,
+    )
+
+
+def _hook_forward(probe: Probe, torch: Any) -> None:
+    m = importlib.import_module("torch.nn.modules.module")
+    probe._global_fwd = [
+        m.register_module_forward_pre_hook(probe._global_pre),
+        m.register_module_forward_hook(probe._global_post),
+    ]
+
+
+def _hook_backward(probe: Probe, torch: Any) -> None:
+    autograd = torch.autograd
+    orig = autograd.backward
+    clock = probe.clock
+
+    @functools.wraps(orig)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if not probe.active:
+            return orig(*args, **kwargs)
+        clock.backward_begin()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            clock.backward_end()
+
+    autograd.backward = backward
+
+
+def _hook_optimizer(probe: Probe, torch: Any) -> None:
+    opt = importlib.import_module("torch.optim.optimizer")
+    clock = probe.clock
+
+    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if probe.enabled and (probe.active or probe.activate()):
+            clock.optimizer_begin()
+
+    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if probe.active:
+            clock.optimizer_end()
+
+    opt.register_optimizer_step_pre_hook(pre)
+    opt.register_optimizer_step_post_hook(post)
+
+
+class TimedCommHook:
+    """Times another DDP communication hook (the default all-reduce or the script's own).
+
+    Registered once per DDP module through :meth:`as_hook`; a later ``register_comm_hook`` by the
+    script swaps ``inner`` instead of registering a second hook, which DDP would refuse.
+    """
+
+    def __init__(self, clock: StepClock, inner: Callable[..., Any], state: Any) -> None:
+        self.clock = clock
+        self.inner = inner
+        self.state = state
+
+    def run(self, bucket: Any) -> Any:
+        self.clock.bucket_launched()
+        fut = self.inner(self.state, bucket)
+        clock = self.clock
+
+        def done(f: Any) -> Any:
+            clock.bucket_done()
+            return f.value()
+
+        return fut.then(done)
+
+    def as_hook(self) -> Callable[..., Any]:
+        """A plain function as DDP wants it: a parameter named ``bucket``, no annotations."""
+        run = self.run
+
+        def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+            return run(bucket)
+
+        hook.__name__ = hook.__qualname__ = getattr(self.inner, "__name__", "timed_comm_hook")
+        return hook
+
+
+def _hook_ddp(probe: Probe, torch: Any) -> None:
+    ddp_cls = importlib.import_module("torch.nn.parallel.distributed").DistributedDataParallel
+    orig_init = ddp_cls.__init__
+    orig_register = ddp_cls.register_comm_hook
+    builtin_name = next(
+        (n for n in ("register_builtin_comm_hook", "_register_builtin_comm_hook") if hasattr(ddp_cls, n)),
+        None,
+    )
+    orig_builtin = getattr(ddp_cls, builtin_name) if builtin_name else None
+    clock = probe.clock
+
+    @functools.wraps(orig_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)
+        if not probe.enabled:
+            return
+        try:
+            probe.parallel_mode = "ddp"
+            dev = getattr(self, "device", None)
+            if dev is not None:
+                probe.device = str(dev)
+            if getattr(self, "device_ids", None):
+                probe.devices = tuple(int(d) for d in self.device_ids)
+            self._auditor_timed = None
+            self._auditor_user_hook = False
+            probe.set_model(self)
+            self._auditor_first = self.register_forward_pre_hook(_install_default_timer)
+        except Exception:
+            probe.unmeasured.add("collective_wait")
+
+    def _install_default_timer(module: Any, args: Any) -> None:
+        # At the first forward: the script had its chance to register its own hook by now.
+        module._auditor_first.remove()
+        if module._auditor_timed is not None or module._auditor_user_hook:
+            return
+        try:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            timed = TimedCommHook(clock, default_hooks.allreduce_hook, module.process_group)
+            orig_register(module, None, timed.as_hook())
+            module._auditor_timed = timed
+        except Exception as exc:
+            _debug(f"no DDP timing hook: {exc!r}")
+            probe.unmeasured.add("collective_wait")
+
+    @functools.wraps(orig_register)
+    def register_comm_hook(self: Any, state: Any, hook: Callable[..., Any]) -> None:
+        timed = getattr(self, "_auditor_timed", None)
+        if timed is not None:
+            timed.inner, timed.state = hook, state  # swap: DDP takes one hook only
+            return
+        if not probe.enabled or not hasattr(self, "_auditor_user_hook"):
+            orig_register(self, state, hook)
+            return
+        self._auditor_user_hook = True
+        timed = TimedCommHook(clock, hook, state)
+        orig_register(self, state, timed.as_hook())
+        self._auditor_timed = timed
+
+    def register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+        # A C++ hook cannot be wrapped: leave it alone and say the wait was not measured.
+        if getattr(self, "_auditor_timed", None) is None:
+            self._auditor_user_hook = True
+            probe.unmeasured.add("collective_wait")
+        assert orig_builtin is not None
+        orig_builtin(self, comm_hook_type)
+
+    ddp_cls.__init__ = __init__
+    ddp_cls.register_comm_hook = register_comm_hook
+    if builtin_name is not None:
+        setattr(ddp_cls, builtin_name, functools.wraps(orig_builtin)(register_builtin_comm_hook))
+
+
+def _hook_dataparallel(probe: Probe, torch: Any) -> None:
+    dp_cls = torch.nn.DataParallel
+    orig_init = dp_cls.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)
+        if not probe.enabled:
+            return
+        probe.parallel_mode = "dataparallel"
+        ids = getattr(self, "device_ids", None) or []
+        probe.devices = tuple(int(d) for d in ids)
+        if ids:
+            probe.device = f"cuda:{ids[0]}"
+        probe.set_model(self)
+
+    dp_cls.__init__ = __init__
+
+
+def _debug(msg: str) -> None:
+    if os.environ.get("AUDITOR_DEBUG"):
+        print(f"auditor probe: {msg}", file=sys.stderr)
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,94 @@
+"""Getting the probe into a process: lazily when torch is imported, or explicitly.
+
+The probe must not import torch itself: ``sitecustomize`` runs in every Python process the job
+starts (torchrun's agent, DataLoader workers, compilers), and importing torch costs seconds.
+Instead a meta-path finder waits for the script's own ``import torch`` and attaches right after
+torch finished initialising.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+ENV_ENABLE = "AUDITOR_PROBE"
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get(ENV_ENABLE, "") not in ("", "0", "false", "no")
+
+
+def install(*, sink_path: str | None = None, job: str = "") -> None:
+    """Attach the probe to this process: now if torch is already imported, else on its import.
+
+    This is the explicit API for code that wants it (``import auditor.probe; auditor.probe.install()``);
+    ``auditor run`` never needs it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "nn"):
+        _attach(torch, sink_path=sink_path, job=job)
+        return
+    if not any(isinstance(f, _TorchImportWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchImportWatcher(sink_path=sink_path, job=job))
+
+
+def _attach(torch: ModuleType, *, sink_path: str | None, job: str) -> None:
+    try:
+        from .hooks import attach
+
+        attach(torch, sink_path=sink_path, job=job)
+    except Exception as exc:  # a probe failure must never stop the training job
+        if os.environ.get("AUDITOR_DEBUG"):
+            print(f"auditor probe: not attached: {exc!r}", file=sys.stderr)
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps torch's own loader so the probe attaches after it ran."""
+
+    def __init__(self, *, sink_path: str | None, job: str) -> None:
+        self._sink_path = sink_path
+        self._job = job
+        self._busy = False
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch" or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _AttachingLoader(spec.loader, self)
+        return spec
+
+    def loaded(self, module: ModuleType) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        _attach(module, sink_path=self._sink_path, job=self._job)
+
+
+class _AttachingLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, watcher: _TorchImportWatcher) -> None:
+        self._inner = inner
+        self._watcher = watcher
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        self._watcher.loaded(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

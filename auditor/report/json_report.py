@@ -1,0 +1,295 @@
+"""The JSON report: one document per run, the input of the verdict, the HTML page and CI checks.
+
+Schema ``auditor.report/v1``::
+
+    {"schema": "auditor.report/v1",
+     "generated_at": "2024-05-01T12:00:00Z",
+     "job": {"name", "command", "exit_code", "world_size", "parallel_mode", "duration_s",
+             "interrupted", "hosts"},
+     "ranks": [{"rank", "host", "local_rank", "pid", "device", "parallel_mode", "steps",
+                "window_steps", "step_s", "data_wait_s", "h2d_s", "forward_s", "backward_s",
+                "optimizer_s", "collective_wait_s", "compute_s", "data_wait_ratio", "busy_ratio",
+                "batch_size", "samples_per_s", "main_cpu", "worker_cpu", "workers",
+                "loader", "memory": {"rss_bytes", "allocated_bytes", "peak_bytes"},
+                "unmeasured", "ended"}],
+     "findings": [Finding.to_dict(), ...],
+     "notes": [str, ...]}
+
+Conventions follow :mod:`auditor.samples`: seconds, bytes, cores, ratios in 0..1, and ``null``
+for anything not measured (never 0). ``job.hosts`` maps each host name to its ranks.
+Per-step timings are medians over the snapshot's window (``window_steps`` steps); ``steps``
+counts every step seen over the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from auditor.analysis.findings import Finding
+from auditor.analysis.snapshot import RankView, Snapshot
+from auditor.analysis.stats import RankStats
+
+SCHEMA = "auditor.report/v1"
+
+JOB_KEYS = (
+    "name",
+    "command",
+    "exit_code",
+    "world_size",
+    "parallel_mode",
+    "duration_s",
+    "interrupted",
+    "hosts",
+)
+RANK_KEYS = (
+    "rank",
+    "host",
+    "local_rank",
+    "pid",
+    "device",
+    "parallel_mode",
+    "steps",
+    "window_steps",
+    "step_s",
+    "data_wait_s",
+    "h2d_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "collective_wait_s",
+    "compute_s",
+    "data_wait_ratio",
+    "busy_ratio",
+    "batch_size",
+    "samples_per_s",
+    "main_cpu",
+    "worker_cpu",
+    "workers",
+    "loader",
+    "memory",
+    "unmeasured",
+    "ended",
+)
+MEMORY_KEYS = ("rss_bytes", "allocated_bytes", "peak_bytes")
+TOP_KEYS = ("schema", "generated_at", "job", "ranks", "findings", "notes")
+
+
+def build_report(
+    *,
+    command: Sequence[str],
+    exit_code: int | None,
+    duration_s: float,
+    snapshot: Snapshot,
+    findings: Sequence[Finding],
+    job: str = "",
+    notes: Sequence[str] = (),
+    interrupted: bool = False,
+    generated_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The report document for one run (a plain dict of JSON types).
+
+    ``job`` names the job (defaults to the snapshot's job name); ``generated_at`` defaults to
+    now (UTC). Works for an empty snapshot: a job that ended before any step has no ranks.
+    """
+    when = generated_at or datetime.now(timezone.utc)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    stats = snapshot.stats
+    views = sorted(snapshot.ranks, key=lambda v: v.info.rank)
+    ranks = [
+        _rank_entry(view, stats[view.info.rank], snapshot.total_steps.get(view.info.rank, 0))
+        for view in views
+    ]
+    world_size = max(snapshot.world_size, len(views))
+    hosts = {host: sorted(rs) for host, rs in sorted(snapshot.hosts().items())}
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "generated_at": when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "job": {
+            "name": job or snapshot.job,
+            "command": [str(c) for c in command],
+            "exit_code": exit_code,
+            "world_size": world_size or None,
+            "parallel_mode": snapshot.parallel_mode,
+            "duration_s": _round(duration_s, 3),
+            "interrupted": bool(interrupted),
+            "hosts": hosts,
+        },
+        "ranks": ranks,
+        "findings": [f.to_dict() for f in findings],
+        "notes": [str(n) for n in notes],
+    }
+    result = _jsonable(report)
+    assert isinstance(result, dict)
+    return result
+
+
+def write_report(path: str | Path, report: Mapping[str, Any]) -> None:
+    """Write ``report`` to ``path`` atomically (temp file in the same folder, then rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """Read a report written by :func:`write_report`.
+
+    Raises ``ValueError`` naming the file when it is not JSON, not an ``auditor.report/v1``
+    document, or lacks a required section. A missing file raises ``FileNotFoundError``.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not an auditor report (not UTF-8 text: {exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: not an auditor report (invalid JSON: {exc})") from exc
+    validate_report(data, source=str(p))
+    assert isinstance(data, dict)
+    return data
+
+
+def validate_report(data: object, *, source: str = "report") -> None:
+    """Raise ``ValueError`` unless ``data`` has the shape of an ``auditor.report/v1`` document."""
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{source}: not an auditor report (expected a JSON object, got {type(data).__name__})"
+        )
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        found = "no 'schema' key" if schema is None else f"schema {schema!r}"
+        raise ValueError(f"{source}: not an auditor report ({found}, expected {SCHEMA!r})")
+    expected: dict[str, type] = {"job": dict, "ranks": list, "findings": list, "notes": list}
+    for key, kind in expected.items():
+        if not isinstance(data.get(key), kind):
+            raise ValueError(
+                f"{source}: malformed auditor report ('{key}' must be a {kind.__name__})"
+            )
+    for i, rank in enumerate(data["ranks"]):
+        if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int):
+            raise ValueError(f"{source}: malformed auditor report (ranks[{i}] has no rank number)")
+    for i, finding in enumerate(data["findings"]):
+        if not isinstance(finding, dict) or "kind" not in finding or "severity" not in finding:
+            raise ValueError(
+                f"{source}: malformed auditor report (findings[{i}] lacks kind or severity)"
+            )
+
+
+def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any]:
+    info = view.info
+    n = len(view.steps)
+    timed = n > 0 and s.step_s > 0
+
+    def secs(value: float | None) -> float | None:
+        return _round(value, 6) if timed else None
+
+    measured_cpu = len(view.cpu) > 0
+    return {
+        "rank": info.rank,
+        "host": info.host,
+        "local_rank": info.local_rank,
+        "pid": info.pid or (view.cpu[-1].pid if view.cpu else None) or None,
+        "device": info.device,
+        "parallel_mode": info.parallel_mode,
+        "steps": max(total_steps, n),
+        "window_steps": n,
+        "step_s": secs(s.step_s),
+        "data_wait_s": secs(s.data_wait_s),
+        "h2d_s": secs(s.h2d_s),
+        "forward_s": secs(s.forward_s),
+        "backward_s": secs(s.backward_s),
+        "optimizer_s": secs(s.optimizer_s),
+        "collective_wait_s": secs(s.collective_wait_s),
+        "compute_s": secs(s.compute_s),
+        "data_wait_ratio": _round(s.data_wait_ratio, 4) if timed else None,
+        "busy_ratio": _round(s.busy_ratio, 4) if timed else None,
+        "batch_size": _batch(s.batch_size) if n else None,
+        "samples_per_s": _round(s.samples_per_s, 2) if timed else None,
+        "main_cpu": _round(s.main_cpu, 3),
+        "worker_cpu": _round(s.worker_cpu, 3),
+        "workers": s.workers if measured_cpu else None,
+        "loader": asdict(info.loader) if info.loader is not None else None,
+        "memory": {
+            "rss_bytes": _int(s.rss_bytes if s.rss_bytes is not None else _latest_rss(view)),
+            "allocated_bytes": _int(s.mem_allocated_bytes),
+            # The peak over the window, not a median: a peak is a maximum by nature.
+            "peak_bytes": _int(
+                max(
+                    (st.mem_peak_bytes for st in view.steps if st.mem_peak_bytes is not None),
+                    default=None,
+                )
+            ),
+        },
+        "unmeasured": list(info.unmeasured),
+        "ended": bool(view.ended),
+    }
+
+
+def _latest_rss(view: RankView) -> int | None:
+    for c in reversed(view.cpu):
+        if c.rss_bytes is not None:
+            return c.rss_bytes
+    return None
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    if value is None:
+        return None
+    v = float(value)
+    if not math.isfinite(v):
+        return None
+    return round(v, digits)
+
+
+def _int(value: float | None) -> int | None:
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return round(float(value))
+
+
+def _batch(value: float | None) -> int | float | None:
+    """A median batch size: an int when whole (it usually is), else two decimals."""
+    if value is None or not math.isfinite(value):
+        return None
+    return int(value) if float(value).is_integer() else round(value, 2)
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types only: tuples become lists, keys strings, NaN/inf become null."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return [_jsonable(v) for v in items]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    return str(value)

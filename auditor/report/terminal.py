@@ -1,0 +1,394 @@
+"""Terminal views: the live per-rank table while a job runs, and the verdict at the end.
+
+Plain ASCII; ANSI colour only when asked for (``color=True``). Values that were not measured
+print as ``-``, never as 0; ranks without enough steps yet print ``...``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from auditor.analysis.findings import SEVERITIES, Finding
+from auditor.analysis.snapshot import Snapshot
+from auditor.analysis.stats import RankStats
+
+MISSING = "-"
+PENDING = "..."
+VERDICT_WIDTH = 80
+# The rules' default ``min_steps``: below it in the window they stay silent, so "balanced" would
+# claim more than was judged.
+MIN_JUDGED_STEPS = 8
+
+_ANSI = {"critical": "\x1b[1;31m", "warning": "\x1b[33m", "ok": "\x1b[32m", "bold": "\x1b[1m"}
+_RESET = "\x1b[0m"
+
+
+# --------------------------------------------------------------------------------------------
+# live view
+
+
+def render_live(
+    snapshot: Snapshot,
+    findings: Sequence[Finding],
+    *,
+    elapsed_s: float,
+    width: int = 100,
+    color: bool = False,
+) -> str:
+    """A compact per-rank table for the running job (printed about once a second on stderr).
+
+    One header line, one row per rank, then one line per finding at warning or above. Every
+    line fits in ``width`` columns (colour codes aside).
+    """
+    width = max(20, width)
+    n = len(snapshot.ranks)
+    header = f"auditor  {fmt_duration(elapsed_s)}  {n} rank{'' if n == 1 else 's'}"
+    header += f"  {snapshot.parallel_mode}"
+    if snapshot.job:
+        header += f"  {snapshot.job}"
+    lines = [_clip(header, width)]
+    if n == 0:
+        lines.append(_clip("waiting for ranks to report ...", width))
+    else:
+        titles = (
+            "rank",
+            "host",
+            "steps",
+            "step ms",
+            "data %",
+            "compute ms",
+            "wait ms",
+            "batch",
+            "samples/s",
+            "worker cpu",
+            "",
+        )
+        rows: list[list[str]] = []
+        stats = snapshot.stats
+        for view in sorted(snapshot.ranks, key=lambda v: v.info.rank):
+            s = stats[view.info.rank]
+            rows.append(_live_row(s, view.info.host, ended=view.ended))
+        table = _table(titles, rows, left={1, 10})
+        lines.extend(_clip(line, width) for line in table)
+    for f in findings:
+        if f.severity_level < SEVERITIES.index("warning"):
+            continue
+        who = f" {ranks_text(f.ranks)}" if f.ranks else ""
+        line = _clip(f"! {f.kind}{who}: {f.summary}", width)
+        lines.append(_paint(line, f.severity, color))
+    return "\n".join(lines)
+
+
+def _live_row(s: RankStats, host: str, *, ended: bool) -> list[str]:
+    wkr = _worker_cpu(s.worker_cpu, s.workers, s.loader.num_workers if s.loader else None)
+    state = "ended" if ended else ""
+    if s.steps < 2 or s.step_s <= 0:
+        return [str(s.rank), short_host(host), str(s.steps), *([PENDING] * 6), wkr, state]
+    return [
+        str(s.rank),
+        short_host(host),
+        str(s.steps),
+        fmt_ms(s.step_s),
+        fmt_pct(s.data_wait_ratio),
+        fmt_ms(s.compute_s),
+        fmt_ms(s.collective_wait_s),
+        fmt_batch(s.batch_size),
+        fmt_rate(s.samples_per_s),
+        wkr,
+        state,
+    ]
+
+
+def _worker_cpu(total: float | None, workers: int, configured: int | None) -> str:
+    if total is not None and workers > 0:
+        return f"{total:.1f}/{workers}"
+    if configured == 0:
+        return "main"  # the DataLoader loads in the rank's main process: no workers
+    return MISSING
+
+
+# --------------------------------------------------------------------------------------------
+# verdict
+
+
+def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
+    """The end-of-run verdict from a JSON report dict (:mod:`auditor.report.json_report`).
+
+    Readable at 80 columns: long lines wrap with their continuation indented.
+    """
+    job: Mapping[str, Any] = report.get("job") or {}
+    ranks: list[Mapping[str, Any]] = sorted(
+        (r for r in report.get("ranks") or () if isinstance(r, Mapping)),
+        key=lambda r: int(r.get("rank", 0)),
+    )
+    findings = _sorted_findings(report.get("findings") or ())
+    serious = [f for f in findings if _level(f) >= SEVERITIES.index("warning")]
+    measured = any((r.get("steps") or 0) > 0 for r in ranks)
+    most = max((_as_int(r.get("window_steps", r.get("steps"))) for r in ranks), default=0)
+
+    out: list[str] = []
+
+    def emit(text: str, indent: str = "", cont: str = "    ") -> None:
+        out.extend(wrap(text, indent=indent, cont=indent + cont))
+
+    if serious:
+        top = _headline_finding(serious)
+        blamed = [int(r) for r in top.get("ranks") or ()]
+        tag = f"({top.get('kind')}, {top.get('severity')})"
+        if blamed:
+            verb = "holds" if len(blamed) == 1 else "hold"
+            head = f"Verdict: {ranks_text(blamed)} {verb} the job back {tag}"
+        else:
+            head = f"Verdict: the job is held back {tag}"
+        out.extend(_paint(x, str(top.get("severity")), color) for x in wrap(head, cont="    "))
+    elif not measured:
+        head = "Verdict: no training steps were measured - nothing to judge"
+        out.extend(_paint(x, "bold", color) for x in wrap(head, cont="    "))
+    elif most < MIN_JUDGED_STEPS:
+        head = (
+            f"Verdict: too few steps to judge ({most} per rank at most, "
+            f"{MIN_JUDGED_STEPS} needed) - no rank is blamed yet"
+        )
+        out.extend(_paint(x, "bold", color) for x in wrap(head, cont="    "))
+    else:
+        head = "Verdict: balanced - no rank holds the job back"
+        out.extend(_paint(x, "ok", color) for x in wrap(head, cont="    "))
+
+    run = _run_line(job, len(ranks))
+    if run:
+        emit(run)
+    command = job.get("command") or []
+    if command:
+        emit(f"Command: {shlex.join(str(c) for c in command)}")
+    code = job.get("exit_code")
+    if isinstance(code, int) and code != 0:
+        if code < 0:
+            emit(f"The command was killed by signal {-code} (exit code {code}).")
+        else:
+            emit(f"The command exited with code {code}.")
+    if job.get("interrupted"):
+        emit("The run was interrupted: the report covers it up to that point.")
+
+    for f in findings:
+        out.append("")
+        out.extend(_finding_lines(f, color))
+
+    if ranks:
+        out.append("")
+        out.append("Per rank (medians per step):")
+        out.extend("  " + line for line in _verdict_table(ranks))
+
+    unmeasured = _unmeasured(ranks)
+    if unmeasured:
+        out.append("")
+        for phases, rs in unmeasured:
+            emit(f"Not measured on {ranks_text(rs)}: {', '.join(phases)}")
+    notes = [str(n) for n in report.get("notes") or ()]
+    if notes:
+        out.append("")
+        for note in notes:
+            emit(f"Note: {note}")
+    return "\n".join(out)
+
+
+def _finding_lines(f: Mapping[str, Any], color: bool) -> list[str]:
+    severity = str(f.get("severity", "info"))
+    ranks = [int(r) for r in f.get("ranks") or ()]
+    head = f"{f.get('kind', '?')} ({severity})"
+    if ranks:
+        head += f": {ranks_text(ranks)}"
+    speedup = f.get("predicted_speedup")
+    if isinstance(speedup, (int, float)) and speedup >= 1.02:
+        head += f", predicted speed-up {speedup:.1f}x"
+    if f.get("cause"):
+        head += f", caused by {f['cause']}"
+    lines = [_paint(x, severity, color) for x in wrap(head, cont="    ")]
+    summary = str(f.get("summary") or "")
+    if summary:
+        lines.extend(wrap(summary, indent="  ", cont="    "))
+    fixes = f.get("fixes") or {}
+    for rank, fix in sorted(fixes.items(), key=lambda kv: _int_key(kv[0])):
+        lines.extend(wrap(f"rank {rank}: {fix}", indent="  ", cont="      "))
+    return lines
+
+
+def _verdict_table(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+    titles = ("rank", "host", "steps", "step ms", "data %", "compute ms", "wait ms", "batch")
+    rows = []
+    for r in ranks:
+        step = r.get("step_s")
+        ratio = r.get("data_wait_ratio")
+        rows.append(
+            [
+                str(r.get("rank")),
+                short_host(str(r.get("host") or ""), 16),
+                fmt_count(r.get("steps")),
+                fmt_ms(step),
+                fmt_pct(ratio) if ratio is not None else MISSING,
+                fmt_ms(r.get("compute_s")),
+                fmt_ms(r.get("collective_wait_s")),
+                fmt_batch(r.get("batch_size")),
+            ]
+        )
+    return [_clip(line, VERDICT_WIDTH - 2) for line in _table(titles, rows, left={1})]
+
+
+def _run_line(job: Mapping[str, Any], n_ranks: int) -> str:
+    parts: list[str] = []
+    if job.get("name"):
+        parts.append(f"job {job['name']}")
+    world = job.get("world_size") or n_ranks
+    if world:
+        parts.append(f"{world} rank{'' if world == 1 else 's'}")
+    mode = job.get("parallel_mode")
+    if mode and mode != "none":
+        parts.append(str(mode))
+    hosts = job.get("hosts") or {}
+    if len(hosts) > 1:
+        parts.append(f"{len(hosts)} hosts")
+    duration = job.get("duration_s")
+    if isinstance(duration, (int, float)):
+        parts.append(f"ran {fmt_duration(float(duration))}")
+    return f"Run: {', '.join(parts)}" if parts else ""
+
+
+def _unmeasured(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[str, ...], list[int]]]:
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for r in ranks:
+        phases = tuple(str(p) for p in r.get("unmeasured") or ())
+        if phases:
+            groups.setdefault(phases, []).append(int(r.get("rank", 0)))
+    return sorted(groups.items(), key=lambda kv: kv[1])
+
+
+def _level(f: Mapping[str, Any]) -> int:
+    sev = f.get("severity")
+    return SEVERITIES.index(sev) if sev in SEVERITIES else 0
+
+
+def _speedup(f: Mapping[str, Any]) -> float:
+    s = f.get("predicted_speedup")
+    return float(s) if isinstance(s, (int, float)) else 1.0
+
+
+def _sorted_findings(findings: Iterable[Any]) -> list[Mapping[str, Any]]:
+    fs = [f for f in findings if isinstance(f, Mapping)]
+    return sorted(fs, key=lambda f: (-_level(f), -_speedup(f)))
+
+
+def _headline_finding(serious: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The most severe finding; among equals a cause beats a symptom (utilization_imbalance)."""
+    top = max(_level(f) for f in serious)
+    same = [f for f in serious if _level(f) == top]
+    causes = [f for f in same if f.get("kind") != "utilization_imbalance"]
+    return max(causes or same, key=_speedup)
+
+
+def _as_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _int_key(value: Any) -> tuple[int, str]:
+    try:
+        return (int(value), "")
+    except (TypeError, ValueError):
+        return (1 << 30, str(value))
+
+
+# --------------------------------------------------------------------------------------------
+# formatting helpers
+
+
+def wrap(
+    text: str, *, width: int = VERDICT_WIDTH, indent: str = "", cont: str = "    "
+) -> list[str]:
+    """``text`` wrapped to ``width`` columns, continuation lines indented by ``cont``."""
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=cont,
+        break_on_hyphens=False,
+    ) or [indent.rstrip()]
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    rs = sorted(int(r) for r in ranks)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+
+def short_host(host: str, limit: int = 12) -> str:
+    """The host name without its domain, cut to ``limit`` characters."""
+    if not host:
+        return MISSING
+    name = host if _is_ip(host) else host.split(".", 1)[0]
+    return name if len(name) <= limit else name[: limit - 1] + "~"
+
+
+def _is_ip(host: str) -> bool:
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() for p in parts)
+
+
+def fmt_duration(seconds: float) -> str:
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def fmt_ms(seconds: float | None) -> str:
+    if seconds is None:
+        return MISSING
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if abs(ms) >= 100 else f"{ms:.1f}"
+
+
+def fmt_pct(ratio: float | None) -> str:
+    return MISSING if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def fmt_rate(value: float | None) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def fmt_batch(value: float | None) -> str:
+    if value is None:
+        return MISSING
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
+
+
+def fmt_count(value: Any) -> str:
+    return MISSING if value is None else str(value)
+
+
+def _table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[int]) -> list[str]:
+    widths = [max([len(t)] + [len(r[i]) for r in rows]) for i, t in enumerate(titles)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [fmt(titles), *(fmt(r) for r in rows)]
+
+
+def _clip(line: str, width: int) -> str:
+    if len(line) <= width:
+        return line
+    return line[: max(0, width - 3)] + "..."
+
+
+def _paint(line: str, style: str, color: bool) -> str:
+    if not color or style not in _ANSI:
+        return line
+    return f"{_ANSI[style]}{line}{_RESET}"

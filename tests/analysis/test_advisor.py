@@ -1,0 +1,185 @@
+"""The DDP barrier model behind every predicted speed-up, and severity from the speed-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from auditor.analysis.advisor import comm_floor, fmt_ms, fmt_pct, job_step_s, predicted_speedup
+from auditor.analysis.findings import Finding, severity_for
+from auditor.analysis.rules.common import peer_median, ranks_text, ready, with_expectation
+from auditor.analysis.stats import RankStats
+
+from .builders import JobBuilder, RankSpec
+
+
+def _rs(rank: int, step_s: float, wait: float | None, steps: int = 10) -> RankStats:
+    return RankStats(
+        rank=rank,
+        host="h",
+        device="cuda:0",
+        steps=steps,
+        step_s=step_s,
+        data_wait_s=0.0,
+        h2d_s=0.0,
+        forward_s=0.0,
+        backward_s=0.0,
+        optimizer_s=0.0,
+        collective_wait_s=wait,
+        compute_s=step_s - (wait or 0.0),
+        batch_size=None,
+        main_cpu=None,
+        worker_cpu=None,
+        workers=0,
+        loader=None,
+        rss_bytes=None,
+        mem_allocated_bytes=None,
+        mem_peak_bytes=None,
+    )
+
+
+def _job(*waits: float | None, step: float = 0.2) -> dict[int, RankStats]:
+    """A DDP job: every rank's step is ``step``; rank r waited ``waits[r]`` at the all-reduce."""
+    return {r: _rs(r, step, w) for r, w in enumerate(waits)}
+
+
+@pytest.mark.parametrize(
+    ("stats", "floor"),
+    [
+        pytest.param(_job(0.01, 0.09, 0.05), 0.01, id="least-wait"),
+        pytest.param(_job(None, 0.09, 0.03), 0.03, id="unmeasured-ignored"),
+        pytest.param(_job(None, None), 0.0, id="nothing-measured"),
+        pytest.param({}, 0.0, id="empty"),
+    ],
+)
+def test_comm_floor(stats: dict[int, RankStats], floor: float) -> None:
+    assert comm_floor(stats) == pytest.approx(floor)
+
+
+@pytest.mark.parametrize(
+    ("stats", "local", "expected"),
+    [
+        # Locals 0.19, 0.11, 0.15; floor 0.01: 0.19 + 0.01 = 0.2, the observed step.
+        pytest.param(_job(0.01, 0.09, 0.05), None, 0.2, id="observed"),
+        # Rank 0 brought to 0.11: the slowest local is now rank 2's 0.15.
+        pytest.param(_job(0.01, 0.09, 0.05), {0: 0.11}, 0.16, id="fix-slowest"),
+        # Speeding up a rank that waits changes nothing.
+        pytest.param(_job(0.01, 0.09, 0.05), {1: 0.05}, 0.2, id="fix-a-waiter"),
+        pytest.param(_job(0.01, 0.09, 0.05), {0: 0.05, 2: 0.05}, 0.12, id="fix-two"),
+        pytest.param({}, None, 0.0, id="empty"),
+    ],
+)
+def test_job_step(
+    stats: dict[int, RankStats], local: dict[int, float] | None, expected: float
+) -> None:
+    assert job_step_s(stats, local) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("stats", "new_local", "expected"),
+    [
+        # 0.2 / 0.16 = 1.25
+        pytest.param(_job(0.01, 0.09, 0.05), {0: 0.11}, 1.25, id="slowest-fixed"),
+        # 0.2 / (0.11 + 0.01) = 1.667
+        pytest.param(_job(0.01, 0.09, 0.05), {0: 0.11, 2: 0.11}, 0.2 / 0.12, id="all-equal"),
+        pytest.param(_job(0.01, 0.09, 0.05), {1: 0.01}, 1.0, id="waiter-fixed"),
+        # A "fix" that slows a rank down is never reported as a slow-down below 1.
+        pytest.param(_job(0.01, 0.09, 0.05), {0: 0.5}, 1.0, id="clamped-at-1"),
+        pytest.param(_job(0.01, 0.09), {}, 1.0, id="no-change"),
+        pytest.param({}, {0: 0.1}, 1.0, id="empty"),
+        pytest.param(_job(0.0, 0.0, step=0.0), {0: 0.0}, 1.0, id="zero-step"),
+    ],
+)
+def test_predicted_speedup(
+    stats: dict[int, RankStats], new_local: dict[int, float], expected: float
+) -> None:
+    assert predicted_speedup(stats, new_local) == pytest.approx(expected)
+
+
+def test_predicted_speedup_on_a_constructed_job_by_hand() -> None:
+    # Two ranks, no jitter: rank 1's own work is 141 ms (forward 70 ms), rank 0's 101 ms, comm
+    # 4 ms. Observed step 145 ms; rank 1 brought to 101 ms: 105 ms. 145 / 105 = 1.381.
+    snap = JobBuilder([RankSpec(), RankSpec(forward=0.070)], jitter=0.0).run(10).snapshot()
+    stats = snap.stats
+    assert job_step_s(stats) == pytest.approx(0.145)
+    assert predicted_speedup(stats, {1: stats[0].local_s}) == pytest.approx(0.145 / 0.105)
+
+
+@pytest.mark.parametrize(
+    ("speedup", "severity"),
+    [
+        (None, "info"),
+        (1.0, "info"),
+        (1.099, "info"),
+        (1.10, "warning"),
+        (1.499, "warning"),
+        (1.5, "critical"),
+        (3.0, "critical"),
+    ],
+)
+def test_severity_for(speedup: float | None, severity: str) -> None:
+    assert severity_for(speedup) == severity
+
+
+def test_severity_thresholds_are_parameters() -> None:
+    assert severity_for(1.05, warning_at=1.05) == "warning"
+    assert severity_for(1.3, critical_at=1.3) == "critical"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"kind": "no_such_kind", "severity": "info"}, "unknown finding kind"),
+        ({"kind": "batch_split", "severity": "fatal"}, "unknown severity"),
+    ],
+)
+def test_finding_validates_kind_and_severity(kw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Finding(ranks=(), summary="", **kw)
+
+
+def test_finding_to_dict_rounds_and_sorts() -> None:
+    f = Finding(
+        kind="batch_split",
+        severity="warning",
+        ranks=(1,),
+        summary="s",
+        fixes={3: "c", 1: "a"},
+        predicted_speedup=1.23456,
+    )
+    d = f.to_dict()
+    assert d["predicted_speedup"] == 1.235
+    assert list(d["fixes"]) == ["1", "3"]
+    assert Finding.from_dict(d).fixes == {1: "a", 3: "c"}
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(None, "n/a"), (0.1234, "123 ms"), (0.0, "0 ms"), (1.5, "1500 ms")]
+)
+def test_fmt_ms(value: float | None, text: str) -> None:
+    assert fmt_ms(value) == text
+
+
+@pytest.mark.parametrize(("value", "text"), [(0.6, "60%"), (0.0, "0%"), (1.0, "100%")])
+def test_fmt_pct(value: float, text: str) -> None:
+    assert fmt_pct(value) == text
+
+
+@pytest.mark.parametrize(
+    ("fix", "speedup", "text"),
+    [
+        ("x", None, "x"),
+        ("x", 1.01, "x"),  # too small to promise
+        ("x", 1.5, "x; expect about 1.5x"),
+    ],
+)
+def test_with_expectation(fix: str, speedup: float | None, text: str) -> None:
+    assert with_expectation(fix, speedup) == text
+
+
+def test_common_helpers() -> None:
+    assert ranks_text([3]) == "rank 3"
+    assert ranks_text([2, 0]) == "ranks 0, 2"
+    assert peer_median({0: 1.0, 1: 2.0, 2: 10.0}, 2) == 1.5
+    assert peer_median({0: 1.0}, 0) is None
+    stats = {0: _rs(0, 0.1, 0.0, steps=8), 1: _rs(1, 0.1, 0.0, steps=7), 2: _rs(2, 0.0, None)}
+    assert set(ready(stats, 8)) == {0}

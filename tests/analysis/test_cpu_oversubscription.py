@@ -1,0 +1,153 @@
+"""cpu_oversubscription: too many busy DataLoader workers for the host's cores."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from auditor.analysis import analyze
+from auditor.analysis.findings import Finding
+from auditor.analysis.rules import cpu_oversubscription
+
+from .builders import NodeSpec, RankSpec, balanced, ddp_snapshot, oversubscribed_2core
+
+
+def _only(findings: list[Finding]) -> Finding:
+    assert len(findings) == 1, [f.to_dict() for f in findings]
+    return findings[0]
+
+
+def _lowered(fix: str) -> tuple[int, int]:
+    m = re.match(r"num_workers (\d+) -> (\d+)", fix)
+    assert m, fix
+    return int(m.group(1)), int(m.group(2))
+
+
+TWO_CORES = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
+
+
+@pytest.mark.parametrize(
+    ("specs", "nodes", "expected_ranks", "expected_new"),
+    [
+        # Mains 0.15 cores (not busy), rank 0's worker 0.2 (not busy), rank 1's 8 workers 0.4:
+        # free = 2 - 0.3 = 1.7 cores; fair for rank 1 = floor(1.7 / 2 ranks / 0.4) = 2.
+        # (Values stay off the floor's integer boundaries: measured CPU is never exact.)
+        pytest.param(*oversubscribed_2core(), (1,), {1: 2}, id="light-mains"),
+        # Busy mains (0.9 each) leave 0.2 cores: fair = max(1, floor(0.2 / 2 / 0.4)) = 1.
+        # Rank 0's single 0.4-core worker is within its fair share of 1.
+        pytest.param(
+            [
+                RankSpec(num_workers=1, main_cpu=0.9, worker_cpu=0.4),
+                RankSpec(num_workers=8, main_cpu=0.9, worker_cpu=0.4),
+            ],
+            TWO_CORES,
+            (1,),
+            {1: 1},
+            id="busy-mains",
+        ),
+        # Both ranks with 4 busy workers: both blamed, each down to its fair 2.
+        pytest.param(
+            balanced(2, num_workers=4, main_cpu=0.15, worker_cpu=0.4),
+            TWO_CORES,
+            (0, 1),
+            {0: 2, 1: 2},
+            id="both-ranks",
+        ),
+    ],
+)
+def test_blames_the_rank_with_too_many_workers_and_lowers_them(
+    specs: list, nodes: dict, expected_ranks: tuple[int, ...], expected_new: dict[int, int]
+) -> None:
+    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
+    assert f.ranks == expected_ranks
+    assert set(f.fixes) == set(expected_ranks)
+    for r in expected_ranks:
+        old, new = _lowered(f.fixes[r])
+        assert old == specs[r].num_workers
+        assert new == expected_new[r]
+        assert 1 <= new < old  # lowers, never raises
+
+
+def test_speedup_is_bounded_and_explained() -> None:
+    # 8 busy workers on 2 cores; after trimming to 2 workers, 2 busy processes:
+    # min(2.0, 8 / max(2, 2)) = 2.0 (the rule's rough model, capped at 2x).
+    specs, nodes = oversubscribed_2core()
+    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
+    assert f.predicted_speedup == pytest.approx(2.0)
+    assert f.evidence["busy_processes"] == 8
+    assert f.evidence["speedup_model"].startswith("runnable processes / cores")
+
+
+def test_engine_blames_only_the_oversubscribing_rank() -> None:
+    specs, nodes = oversubscribed_2core()
+    findings = analyze(ddp_snapshot(specs, nodes=nodes))
+    assert [f.kind for f in findings] == ["cpu_oversubscription"]
+    assert findings[0].ranks == (1,)
+
+
+def test_only_the_saturated_host_is_judged() -> None:
+    # Ranks 0-1 on a saturated 2-core host, ranks 2-3 on a 64-core host with the same loaders.
+    specs, _ = oversubscribed_2core()
+    specs = [
+        *specs,
+        RankSpec(num_workers=1, main_cpu=0.15, worker_cpu=0.2, host="node1"),
+        RankSpec(num_workers=8, main_cpu=0.15, worker_cpu=0.4, host="node1"),
+    ]
+    nodes = {"node0": NodeSpec(cores=2.0, busy_cores=2.0), "node1": NodeSpec(cores=64.0)}
+    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
+    assert f.ranks == (1,)
+    assert f.evidence["host"] == "node0"
+
+
+@pytest.mark.parametrize(
+    ("specs", "nodes", "thresholds", "expected_ranks"),
+    [
+        pytest.param(*oversubscribed_2core(), {}, (1,), id="defaults"),
+        # The host is only half busy.
+        pytest.param(
+            oversubscribed_2core()[0],
+            {"node0": NodeSpec(cores=2.0, busy_cores=1.0)},
+            {},
+            (),
+            id="host-not-busy",
+        ),
+        pytest.param(*oversubscribed_2core(), {"min_host_busy": 1.01}, (), id="busy-threshold"),
+        # 0.4-core workers no longer count as busy processes.
+        pytest.param(*oversubscribed_2core(), {"busy_proc_cpu": 0.5}, (), id="proc-threshold"),
+        pytest.param(*oversubscribed_2core(), {"min_samples": 25}, (), id="few-host-samples"),
+        pytest.param(*oversubscribed_2core(), {"min_steps": 25}, (), id="too-few-steps"),
+        # I/O-bound workers (0.05 cores each) are not busy processes.
+        pytest.param(
+            [
+                RankSpec(num_workers=1, main_cpu=0.2, worker_cpu=0.05),
+                RankSpec(num_workers=8, main_cpu=0.2, worker_cpu=0.05),
+            ],
+            TWO_CORES,
+            {},
+            (),
+            id="io-bound-workers",
+        ),
+        # Worker CPU not measured: nothing to judge the workers by.
+        pytest.param(
+            [RankSpec(num_workers=8, main_cpu=0.2, worker_cpu=None)] * 2,
+            TWO_CORES,
+            {},
+            (),
+            id="worker-cpu-unmeasured",
+        ),
+        pytest.param(balanced(8), {}, {}, (), id="balanced-big-host"),
+    ],
+)
+def test_decision_table(
+    specs: list, nodes: dict, thresholds: dict, expected_ranks: tuple[int, ...]
+) -> None:
+    findings = cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes), **thresholds)
+    assert tuple(r for f in findings for r in f.ranks) == expected_ranks
+
+
+def test_silent_below_min_steps() -> None:
+    specs, nodes = oversubscribed_2core()
+    assert cpu_oversubscription.detect(ddp_snapshot(specs, steps=7, nodes=nodes)) == []
+    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, steps=8, nodes=nodes)))
+    assert f.ranks == (1,)

@@ -1,0 +1,157 @@
+"""The catalog is the contract with dashboards and alert rules: names, units and labels."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from auditor.analysis.findings import KINDS, SEVERITIES
+from auditor.metrics import catalog as C
+from auditor.metrics.catalog import CATALOG, MetricSpec
+from auditor.samples import PHASES
+
+NAMES = [s.name for s in CATALOG]
+
+
+def test_names_are_unique_and_indexed() -> None:
+    assert len(NAMES) == len(set(NAMES))
+    assert set(C.BY_NAME) == set(NAMES)
+    assert all(C.BY_NAME[s.name] is s for s in CATALOG)
+
+
+def test_spec_lookup_names_the_missing_metric() -> None:
+    assert C.spec("auditor_rank_up") is C.RANK_UP
+    with pytest.raises(KeyError, match="auditor_nope"):
+        C.spec("auditor_nope")
+
+
+def test_required_metrics_are_present() -> None:
+    required = {
+        "auditor_rank_info",
+        "auditor_rank_steps_total",
+        "auditor_rank_step_seconds_total",
+        "auditor_rank_phase_seconds_total",
+        "auditor_rank_samples_total",
+        "auditor_rank_last_step_seconds",
+        "auditor_rank_batch_size",
+        "auditor_rank_last_step_timestamp_seconds",
+        "auditor_rank_memory_bytes",
+        "auditor_rank_cpu_cores",
+        "auditor_rank_dataloader_workers",
+        "auditor_rank_dataloader_config_workers",
+        "auditor_rank_up",
+        "auditor_node_cpu_cores",
+        "auditor_node_cpu_busy_cores",
+        "auditor_node_load1",
+        "auditor_finding",
+        "auditor_finding_predicted_speedup",
+    }
+    assert required <= set(NAMES)
+
+
+@pytest.mark.parametrize("metric", CATALOG, ids=NAMES)
+def test_name_shape(metric: MetricSpec) -> None:
+    assert metric.name.startswith(C.PREFIX)
+    assert re.fullmatch(r"[a-z][a-z0-9_]*[a-z0-9]", metric.name), "snake_case"
+    assert "__" not in metric.name
+    assert metric.type in ("gauge", "counter", "info")
+    assert metric.help.strip() and "\n" not in metric.help
+
+
+@pytest.mark.parametrize("metric", CATALOG, ids=NAMES)
+def test_counters_and_only_counters_end_in_total(metric: MetricSpec) -> None:
+    assert metric.name.endswith("_total") == (metric.type == "counter")
+
+
+@pytest.mark.parametrize("metric", CATALOG, ids=NAMES)
+def test_unit_matches_name_suffix(metric: MetricSpec) -> None:
+    assert metric.unit in C.UNIT_SUFFIX
+    base = metric.name.removesuffix("_total")
+    suffix = C.UNIT_SUFFIX[metric.unit]
+    if suffix:
+        assert base.endswith(suffix), f"unit {metric.unit} needs suffix {suffix}"
+    # Conversely: a base-unit suffix in the name declares that unit.
+    for unit, unit_suffix in C.UNIT_SUFFIX.items():
+        if unit_suffix and base.endswith(unit_suffix):
+            assert metric.unit == unit
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "_ms",
+        "_milliseconds",
+        "_us",
+        "_minutes",
+        "_hours",
+        "_percent",
+        "_pct",
+        "_kb",
+        "_mb",
+        "_gb",
+        "_kib",
+        "_mib",
+        "_gib",
+        "_bits",
+    ],
+)
+def test_no_non_base_units(bad: str) -> None:
+    for name in NAMES:
+        assert bad + "_" not in name + "_", name
+
+
+@pytest.mark.parametrize("metric", CATALOG, ids=NAMES)
+def test_labels_from_vocabulary(metric: MetricSpec) -> None:
+    assert len(metric.labels) == len(set(metric.labels))
+    assert set(metric.labels) <= C.LABELS
+    assert "le" not in metric.labels and "quantile" not in metric.labels
+
+
+@pytest.mark.parametrize("metric", CATALOG, ids=NAMES)
+def test_scope_labels(metric: MetricSpec) -> None:
+    if metric.name.startswith("auditor_rank_"):
+        assert metric.labels[:4] == ("job", "node", "rank", "local_rank")
+    elif metric.name.startswith("auditor_node_"):
+        assert metric.labels[:2] == ("job", "node")
+    else:
+        assert metric.name.startswith("auditor_finding")
+        assert {"job", "kind", "rank"} <= set(metric.labels)
+
+
+@pytest.mark.parametrize(
+    ("label", "values"),
+    [
+        ("phase", PHASES),
+        ("memory", ("rss", "allocated", "reserved", "peak")),
+        ("process", ("main", "workers")),
+        ("kind", KINDS),
+        ("severity", SEVERITIES),
+    ],
+)
+def test_bounded_label_values(label: str, values: tuple[str, ...]) -> None:
+    assert C.LABEL_VALUES[label] == values
+
+
+def test_series_per_rank_within_budget() -> None:
+    assert C.series_per_rank() <= C.RANK_SERIES_BUDGET == 30
+    # The budget covers every auditor_rank_* metric and nothing else.
+    assert {s.name for s in C.rank_specs()} == {n for n in NAMES if n.startswith("auditor_rank_")}
+
+
+def test_rank_info_shape() -> None:
+    assert C.RANK_INFO.type == "gauge"
+    assert C.RANK_INFO.labels == (
+        "job",
+        "node",
+        "rank",
+        "local_rank",
+        "device",
+        "parallel_mode",
+        "world_size",
+    )
+
+
+def test_spec_is_frozen() -> None:
+    with pytest.raises(AttributeError):
+        C.RANK_UP.name = "x"  # type: ignore[misc]

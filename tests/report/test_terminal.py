@@ -1,0 +1,220 @@
+"""Terminal views: the live table and the end-of-run verdict."""
+
+from __future__ import annotations
+
+import re
+
+from auditor.analysis import SampleStore, analyze
+from auditor.analysis.findings import Finding
+from auditor.report.json_report import build_report
+from auditor.report.terminal import render_live, render_verdict, wrap
+from auditor.samples import Batch
+
+from .test_json_report import T0, make_store, snapshot_of, starved_report
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _row(text: str, rank: int) -> str:
+    rows = [line for line in text.splitlines() if re.match(rf"\s*{rank}\s", line)]
+    assert len(rows) == 1, text
+    return rows[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# verdict
+
+
+def test_verdict_names_rank_and_fix_within_80_columns() -> None:
+    _, findings, report = starved_report()
+    fix = findings[0].fixes[1]
+    text = render_verdict(report)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    assert text.isascii()
+    assert "\x1b[" not in text
+    assert lines[0] == "Verdict: rank 1 holds the job back (data_starvation, critical)"
+    # the fix for rank 1 is printed whole (maybe wrapped): compare with whitespace normalised
+    flat = " ".join(text.split())
+    assert f"rank 1: {fix}" in flat
+    assert "num_workers 2 ->" in flat
+    assert "expect about" in flat
+    # the per-rank table lists both ranks
+    assert "80%" in _row(text, 1)
+    assert _row(text, 0)
+    assert "Note: GPU telemetry unavailable" in text
+
+
+def test_verdict_wraps_long_lines_with_indented_continuation() -> None:
+    _, _, report = starved_report()
+    report["findings"][0]["fixes"]["1"] = "word " * 40 + "; expect about 2.0x"
+    report["job"]["command"] = ["python", "train.py", *[f"--opt{i}=value{i}" for i in range(20)]]
+    lines = render_verdict(report).splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("  rank 1: word"))
+    assert lines[start + 1].startswith("      word")
+    cmd = next(i for i, ln in enumerate(lines) if ln.startswith("Command: python"))
+    assert lines[cmd + 1].startswith("    --opt")
+
+
+def test_verdict_balanced_headline() -> None:
+    snap = snapshot_of(make_store(starved=False))
+    findings = analyze(snap)
+    assert not [f for f in findings if f.severity_level >= 1]
+    report = build_report(
+        command=["torchrun", "train.py"],
+        exit_code=0,
+        duration_s=5.0,
+        snapshot=snap,
+        findings=findings,
+    )
+    text = render_verdict(report)
+    assert text.splitlines()[0] == "Verdict: balanced - no rank holds the job back"
+    assert "exit" not in text  # exit code 0 is not mentioned
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_verdict_reports_exit_code_interruption_and_unmeasured() -> None:
+    snap = snapshot_of(make_store(collective=False, unmeasured=("collective_wait",)))
+    report = build_report(
+        command=["python", "train.py"],
+        exit_code=3,
+        duration_s=75.0,
+        snapshot=snap,
+        findings=analyze(snap),
+        interrupted=True,
+    )
+    text = render_verdict(report)
+    assert "exited with code 3" in text
+    assert "interrupted" in text
+    assert "Not measured on ranks 0, 1: collective_wait" in text
+    assert "1m15s" in text
+    # the wait column shows '-' for the unmeasured collective wait, never 0
+    assert _row(text, 0).split()[6] == "-"
+
+
+def test_verdict_for_empty_report() -> None:
+    snap = SampleStore("crashed").snapshot(T0, None)
+    report = build_report(
+        command=["python", "boom.py"], exit_code=1, duration_s=0.2, snapshot=snap, findings=[]
+    )
+    text = render_verdict(report)
+    assert text.splitlines()[0].startswith("Verdict: no training steps were measured")
+    assert "exited with code 1" in text
+    assert "Per rank" not in text
+
+
+def test_verdict_does_not_claim_balance_on_too_few_steps() -> None:
+    store = make_store(steps=20)
+    now = store.latest_time()
+    assert now is not None
+    snap = store.snapshot(now, 0.5)  # the last 5 steps only
+    report = build_report(
+        command=["python", "train.py"],
+        exit_code=0,
+        duration_s=2.0,
+        snapshot=snap,
+        findings=analyze(snap),
+    )
+    assert report["ranks"][1]["steps"] == 20 and report["ranks"][1]["window_steps"] == 5
+    head = render_verdict(report).splitlines()[0]
+    assert head.startswith("Verdict: too few steps to judge (5 per rank at most")
+
+
+def test_verdict_prefers_cause_and_lists_several_ranks() -> None:
+    _, _, report = starved_report()
+    symptom = Finding(
+        kind="utilization_imbalance",
+        severity="critical",
+        ranks=(1, 2),
+        summary="busy time spread",
+        fixes={1: "a", 2: "b"},
+        predicted_speedup=9.0,
+        cause=None,
+    ).to_dict()
+    report["findings"].insert(0, symptom)
+    report["findings"][1]["ranks"] = [1, 2]
+    text = render_verdict(report)
+    assert (
+        text.splitlines()[0] == "Verdict: ranks 1, 2 hold the job back (data_starvation, critical)"
+    )
+
+
+def test_verdict_color_only_when_asked() -> None:
+    _, _, report = starved_report()
+    plain = render_verdict(report)
+    colored = render_verdict(report, color=True)
+    assert "\x1b[" in colored
+    assert ANSI.sub("", colored) == plain
+
+
+def test_wrap_keeps_width_for_unbreakable_words() -> None:
+    lines = wrap("x" * 200, indent="  ", cont="    ")
+    assert all(len(line) <= 80 for line in lines)
+    assert "".join(line.strip() for line in lines) == "x" * 200
+
+
+# ---------------------------------------------------------------------------------------------
+# live view
+
+
+def test_live_shows_both_ranks_and_starvation_line() -> None:
+    snap, findings, _ = starved_report()
+    text = render_live(snap, findings, elapsed_s=12.4)
+    lines = text.splitlines()
+    assert lines[0].startswith("auditor  12s  2 ranks  ddp")
+    assert all(len(line) <= 100 for line in lines)
+    r0, r1 = _row(text, 0), _row(text, 1)
+    assert "node-a " in r0 + " " and "cluster" not in r0  # short host
+    assert "80%" in r1 and "1%" in r0
+    assert "0.8/2" in r1  # worker cores used / workers
+    assert "79.5" in r0  # rank 0 waits at the all-reduce
+    bang = [ln for ln in lines if ln.startswith("! ")]
+    assert bang and bang[0].startswith("! data_starvation rank 1: rank 1 waits for data")
+    assert text.isascii() and "\x1b[" not in text
+
+
+def test_live_prints_dash_for_unknown_values() -> None:
+    snap = snapshot_of(make_store(starved=False, with_cpu=False, collective=False))
+    text = render_live(snap, analyze(snap), elapsed_s=3)
+    for rank in (0, 1):
+        cells = _row(text, rank).split()
+        # rank host steps step data compute wait batch samples/s worker-cpu
+        assert cells[6] == "-"  # collective wait not measured
+        assert cells[9] == "-"  # worker CPU not sampled
+        assert "0" not in (cells[6], cells[9])
+
+
+def test_live_placeholders_for_ranks_without_enough_steps() -> None:
+    store = make_store(steps=1)
+    snap = snapshot_of(store)
+    text = render_live(snap, analyze(snap), elapsed_s=0.4)
+    for rank in (0, 1):
+        cells = _row(text, rank).split()
+        assert cells[2] == "1"
+        assert cells[3:9] == ["..."] * 6
+    assert "0.0" not in text
+
+
+def test_live_truncates_to_width_and_skips_info_findings() -> None:
+    snap, findings, _ = starved_report()
+    info = Finding(kind="memory_headroom", severity="info", ranks=(0,), summary="fine")
+    long = Finding(kind="compute_straggler", severity="warning", ranks=(0, 1), summary="y " * 200)
+    text = render_live(snap, [*findings, info, long], elapsed_s=3725, width=60)
+    lines = text.splitlines()
+    assert all(len(line) <= 60 for line in lines)
+    assert lines[0].startswith("auditor  1h02m")
+    assert not any("memory_headroom" in ln for ln in lines)
+    last = lines[-1]
+    assert last.startswith("! compute_straggler ranks 0, 1: y y") and last.endswith("...")
+
+
+def test_live_empty_snapshot_and_ended_rank() -> None:
+    empty = SampleStore("x").snapshot(T0, None)
+    text = render_live(empty, [], elapsed_s=1)
+    assert text.splitlines()[0].startswith("auditor  1s  0 ranks")
+    store = make_store(starved=False)
+    store.add(Batch(ended=(1,)))
+    text = render_live(snapshot_of(store), [], elapsed_s=5, color=True)
+    assert _row(text, 1).rstrip().endswith("ended")
+    assert not _row(text, 0).rstrip().endswith("ended")
