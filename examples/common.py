@@ -58,9 +58,11 @@ class SyntheticImages(Dataset):
         x = torch.randn(3, 32, 32, generator=g)
         if self.read_delay_s and time.time() >= self.slow_from:
             time.sleep(self.read_delay_s)
-        for _ in range(self.decode_work):
-            m = torch.randn(64, 64, generator=g)
-            x = x + (m @ m).mean() * 1e-6
+        if self.decode_work:
+            m = torch.randn(96, 96, generator=g)
+            for _ in range(self.decode_work):
+                m = torch.tanh(m @ m)
+            x = x + m.mean() * 1e-6
         return x, i % 10
 
 

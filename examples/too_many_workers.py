@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 args = parse_args()
 rank, world, device = setup()
 heavy = rank == args.fault_rank
-dataset = SyntheticImages(decode_work=6 if heavy else 0)
+dataset = SyntheticImages(decode_work=40 if heavy else 0)
 workers = 8 if heavy else args.workers
 model = DDP(SmallConvNet().to(device))
 loader = make_loader(dataset, rank, world, args.batch_size, workers, device)

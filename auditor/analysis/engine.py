@@ -24,5 +24,12 @@ def analyze(
         raise ValueError(f"unknown rule(s): {', '.join(sorted(unknown))}")
     findings: list[Finding] = []
     for name, rule in RULES.items():
-        findings.extend(rule(snapshot, prior=tuple(findings), **dict(overrides.get(name, {}))))
+        kwargs = dict(overrides.get(name, {}))
+        try:
+            found = rule(snapshot, prior=tuple(findings), **kwargs)
+        except TypeError as exc:
+            if kwargs and "unexpected keyword" in str(exc):
+                raise ValueError(f"{name}: unknown threshold in {sorted(kwargs)}") from None
+            raise
+        findings.extend(found)
     return sorted(findings, key=lambda f: (-f.severity_level, -(f.predicted_speedup or 1.0)))

@@ -116,14 +116,6 @@ def test_equalising_split(total: int, per_sample: dict[int, float], expected: di
     assert sum(out.values()) == total
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "equalising_split raises every rank to at least 1 after flooring but never takes the "
-        "excess back: 8 samples, one rank 100x faster -> floors 7 + 1 + 1 + 1 = 10 > 8 "
-        "(left goes negative and the loop only adds)"
-    ),
-)
 def test_equalising_split_keeps_the_total_when_a_rank_would_get_less_than_one() -> None:
     out = equalising_split(8, {0: 1.0, 1: 100.0, 2: 100.0, 3: 100.0})
     assert sum(out.values()) == 8

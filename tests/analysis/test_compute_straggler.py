@@ -134,15 +134,6 @@ def test_never_blames_a_waiting_rank_when_waits_are_unmeasured() -> None:
         assert set(f.ranks) <= {2}, f.to_dict()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "compute_straggler skips the 'waits less than its peers' check when the rank's own "
-        "wait is None (line 65), and RankStats.local_s/compute_s count an unmeasured wait as "
-        "own work; a waiting rank without a measured wait looks 1.44x slower and is blamed: "
-        "got ranks (0, 2), expected (2,)"
-    ),
-)
 def test_a_rank_with_unmeasured_wait_that_only_waits_is_not_blamed() -> None:
     # Rank 2 is the forward straggler; rank 0's collective wait could not be measured (its
     # script registered a builtin comm hook), ranks 1-3 are measured and show rank 2 waits

@@ -122,14 +122,6 @@ def test_decision_table(specs: list, thresholds: dict, expected_ranks: tuple[int
     assert tuple(r for f in findings for r in f.ranks) == expected_ranks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "utilization_imbalance falls back to 'the busiest' as soon as one rank's wait is "
-        "unmeasured; that rank's busy ratio then counts its all-reduce wait as compute (94%), "
-        "so a rank that only waits is blamed: got ranks (0, 2), expected (2,)"
-    ),
-)
 def test_a_rank_with_unmeasured_wait_that_only_waits_is_not_blamed() -> None:
     # Rank 0's probe could not hook the all-reduce (e.g. the script registered its own comm
     # hook); the others' waits are measured and show that everyone waits for rank 2. Rank 0

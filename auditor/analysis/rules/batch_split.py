@@ -102,4 +102,11 @@ def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]
             break
         out[r] += 1
         left -= 1
+    # The floor of 1 can overshoot: take the excess back from the largest shares.
+    while left < 0:
+        r = max((q for q in out if out[q] > 1), key=lambda q: out[q] - ideal[q], default=None)
+        if r is None:
+            break
+        out[r] -= 1
+        left += 1
     return out

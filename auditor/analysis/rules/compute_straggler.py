@@ -62,6 +62,8 @@ def detect(
             continue
         w = waits[r]
         peer_waits = [v for q, v in waits.items() if q != r and v is not None]
+        if w is None and peer_waits:
+            continue  # its own wait is unknown (so counted as work) while others' are known
         if w is not None and peer_waits and w >= statistics.median(peer_waits):
             continue  # it waits as much as its peers: not the one they wait for
         blamed[r] = {"excess": excess, "gap": gap}
@@ -136,11 +138,9 @@ def _worst_phase(s: RankStats, peers: list[RankStats]) -> tuple[str, float, floa
     best_gap = float("-inf")
     for phase in _PHASES:
         mine = _phase_s(s, phase)
-        scale = 1.0
         theirs_each = []
         for p in peers:
-            if s.batch_size and p.batch_size:
-                scale = s.batch_size / p.batch_size
+            scale = s.batch_size / p.batch_size if s.batch_size and p.batch_size else 1.0
             theirs_each.append(_phase_s(p, phase) * scale)
         theirs = statistics.median(theirs_each) if theirs_each else 0.0
         if mine - theirs > best_gap:

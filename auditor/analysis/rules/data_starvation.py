@@ -11,9 +11,12 @@ The fix sizes ``num_workers`` from what was measured:
   ``L`` seconds and the rank consumes one per step, so ``L ~= a * step``;
 * the target pace ``T``: the rank's own work per step without the data wait, or the job's
   slowest rank's, whichever is longer (faster than the job's pace buys nothing);
-* ``b = ceil(margin * L / T)`` workers would keep up, capped by the host's free cores divided
-  by the CPU one worker was measured to use (1 core where unmeasured). When the host has no
-  free core, raising workers would only oversubscribe it: the fix says so instead.
+* ``b = ceil(margin * L / T)`` workers would keep up, capped by the cores the rank's workers may
+  use (idle cores plus what its workers use now) divided by the CPU one worker was measured to
+  use (1 core where unmeasured). Workers below ``io_bound_cpu`` cores each wait on storage, not
+  on the CPU, so their count is not capped by cores. When the host has no room, raising workers
+  would only oversubscribe it: the fix says so, and the speed-up is the upper bound of removing
+  the wait (named as such in the evidence).
 
 Assumptions: workers run independently (no shared lock in the dataset), and loading time per
 batch does not depend on the number of workers (true for decoding and for a storage backend
@@ -41,6 +44,7 @@ def detect(
     min_wait_s: float = 0.002,
     margin: float = 1.25,
     max_workers: int = 32,
+    io_bound_cpu: float = 0.15,
 ) -> list[Finding]:
     """Find starved ranks.
 
@@ -50,6 +54,7 @@ def detect(
         min_wait_s: smallest median wait per step that counts, in seconds.
         margin: head-room on the worker count so a burst of slow batches does not stall.
         max_workers: upper bound on a recommended ``num_workers``.
+        io_bound_cpu: CPU (cores) per worker below which workers count as I/O-bound.
     """
     stats = ready(snapshot.stats, min_steps)
     starved = {
@@ -70,7 +75,9 @@ def detect(
     hosts = snapshot.hosts()
     for r, s in sorted(starved.items()):
         free = _free_cores(snapshot, s, starved_on_host=sum(1 for q in hosts.get(s.host, []) if q in starved))
-        plan = _worker_plan(s, job_pace, free, margin=margin, max_workers=max_workers)
+        plan = _worker_plan(
+            s, job_pace, free, margin=margin, max_workers=max_workers, io_bound_cpu=io_bound_cpu
+        )
         current = s.loader.num_workers if s.loader else None
         new_wait = plan.expected_wait_s
         new_local[r] = max(0.0, s.local_s - s.data_wait_s + new_wait)
@@ -83,15 +90,18 @@ def detect(
             "num_workers": current,
             "recommended_workers": plan.workers,
             "worker_cpu_each": None if s.worker_cpu_each is None else round(s.worker_cpu_each, 2),
-            "free_cores": round(free, 2),
+            "free_cores": None if free is None else round(free, 2),
+            "expected_wait_ms": round(plan.expected_wait_s * 1e3, 1),
+            "speedup_basis": "upper bound: data wait removed" if plan.workers is None else "workers",
         }
     evidence["per_rank"] = per_rank
     speedup = predicted_speedup(stats, new_local)
     worst = max(starved.values(), key=lambda s: s.data_wait_ratio)
+    where = "" if len(starved) == 1 else f" on rank {worst.rank}"
     summary = (
         f"{ranks_text(starved)} wait{'s' if len(starved) == 1 else ''} for data: "
         f"{fmt_ms(worst.data_wait_s)} of a {fmt_ms(worst.step_s)} step "
-        f"({fmt_pct(worst.data_wait_ratio)}) on rank {worst.rank}"
+        f"({fmt_pct(worst.data_wait_ratio)}){where}"
     )
     return [
         Finding(
@@ -107,11 +117,16 @@ def detect(
 
 
 class _Plan:
-    def __init__(self, workers: int | None, load_s: float, expected_wait_s: float, capped: bool):
+    """How many workers, the measured load per batch and the wait they should leave."""
+
+    def __init__(
+        self, workers: int | None, load_s: float, expected_wait_s: float, capped: bool, measured: bool
+    ) -> None:
         self.workers = workers
         self.load_s = load_s
         self.expected_wait_s = expected_wait_s
         self.capped = capped
+        self.measured = measured
 
 
 def _work_s(s: RankStats) -> float:
@@ -119,33 +134,44 @@ def _work_s(s: RankStats) -> float:
     return max(1e-6, s.local_s - s.data_wait_s)
 
 
-def _free_cores(snapshot: Snapshot, s: RankStats, *, starved_on_host: int) -> float:
-    """Cores this rank's extra workers could use: idle cores plus what its workers use now,
-    shared among the starved ranks of the host. Unknown CPU reads as one free core each."""
+def _free_cores(snapshot: Snapshot, s: RankStats, *, starved_on_host: int) -> float | None:
+    """Cores this rank's workers may use in all: idle cores shared among the host's starved
+    ranks, plus what its workers use now. None where the host was never sampled."""
     node = snapshot.node_cpu(s.host)
     if node is None:
-        return 1.0
+        return None
     idle = max(0.0, node.cores - node.busy_cores)
-    own = s.worker_cpu or 0.0
-    return (idle + own * starved_on_host) / max(1, starved_on_host)
+    if s.worker_cpu is not None:
+        own = s.worker_cpu
+    else:  # unmeasured: assume each current worker keeps a core busy
+        own = float(s.loader.num_workers if s.loader else 0)
+    return idle / max(1, starved_on_host) + own
 
 
 def _worker_plan(
-    s: RankStats, job_pace: float, free_cores: float, *, margin: float, max_workers: int
+    s: RankStats,
+    job_pace: float,
+    free_cores: float | None,
+    *,
+    margin: float,
+    max_workers: int,
+    io_bound_cpu: float,
 ) -> _Plan:
     current = s.loader.num_workers if s.loader else 0
     load_s = s.data_wait_s if current == 0 else current * s.step_s
     target = max(_work_s(s), job_pace)
     needed = min(max_workers, max(current + 1, math.ceil(margin * load_s / target)))
-    each = s.worker_cpu_each if s.worker_cpu_each is not None else 1.0
-    # I/O-bound workers barely use CPU; never let a tiny measurement allow an absurd count.
-    cap = current + int(free_cores / max(each, 0.05))
+    each = s.worker_cpu_each
+    if each is not None and each < io_bound_cpu:
+        cap = max_workers  # waiting on storage: more workers cost memory, not CPU
+    else:
+        room = 1.0 if free_cores is None else free_cores
+        cap = int(room / (each if each is not None else 1.0) + 1e-9)
     workers = min(needed, cap)
-    capped = workers < needed
     if workers <= current:
-        return _Plan(None, load_s, s.data_wait_s, capped=True)
-    expected = max(0.0, load_s / workers - _work_s(s)) if workers else s.data_wait_s
-    return _Plan(workers, load_s, min(expected, s.data_wait_s), capped)
+        return _Plan(None, load_s, 0.0, capped=True, measured=free_cores is not None)
+    expected = max(0.0, load_s / workers - _work_s(s))
+    return _Plan(workers, load_s, min(expected, s.data_wait_s), workers < needed, free_cores is not None)
 
 
 def _fix_text(s: RankStats, plan: _Plan, current: int | None, *, saturated: bool) -> str:
@@ -157,9 +183,10 @@ def _fix_text(s: RankStats, plan: _Plan, current: int | None, *, saturated: bool
             "(cache decoded samples, lighter transforms, decode on the device)"
         )
     else:
-        parts.append(f"num_workers {current if current is not None else '?'} -> {plan.workers}")
-        if plan.capped:
-            parts.append("(capped by free cores)")
+        change = f"num_workers {current if current is not None else '?'} -> {plan.workers}"
+        if plan.capped and plan.measured:
+            change += " (as many as the free cores allow)"
+        parts.append(change)
     if cfg is not None:
         if not cfg.pin_memory and s.device.startswith("cuda"):
             parts.append("pin_memory=True")

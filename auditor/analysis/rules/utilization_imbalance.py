@@ -5,9 +5,10 @@ collective wait, optimizer). Decision: the spread between the busiest and the le
 at least ``min_spread``.
 
 Attribution: the spread is a symptom. The ranks blamed are the ones the others wait for: the ones
-that wait least at the all-reduce (where measured), otherwise the busiest. Never the ranks that
-only wait: under DDP they look idle to the probe and fully busy to NVML, and either way they are
-not the cause. The cause is the earlier finding that blames the same ranks (uneven batch,
+that wait least at the all-reduce, among the ranks where the wait was measured. Never the ranks
+that only wait: under DDP they look idle to the probe and fully busy to NVML, and either way they
+are not the cause. Where no wait was measured at all, a rank's busy time includes its waiting,
+so only a cause finding can attribute the spread; without one the rule stays silent. The cause is the earlier finding that blames the same ranks (uneven batch,
 compute straggler, data starvation); its fixes and speed-up are carried over.
 """
 
@@ -44,16 +45,19 @@ def detect(
     if spread < min_spread:
         return []
     waits = {r: s.collective_wait_s for r, s in stats.items() if s.collective_wait_s is not None}
-    if len(waits) == len(stats):
+    cause: Finding | None
+    if len(waits) >= 2:
         lo, hi = min(waits.values()), max(waits.values())
         blamed = sorted(r for r, w in waits.items() if w <= lo + 0.25 * (hi - lo))
+        cause = next(
+            (f for kind in _CAUSES for f in prior if f.kind == kind and set(blamed) & set(f.ranks)),
+            None,
+        )
     else:
-        top = max(busy.values())
-        blamed = sorted(r for r, b in busy.items() if b >= top - 0.25 * spread)
-    cause = next(
-        (f for kind in _CAUSES for f in prior if f.kind == kind and set(blamed) & set(f.ranks)),
-        None,
-    )
+        cause = next((f for kind in _CAUSES for f in prior if f.kind == kind and f.ranks), None)
+        if cause is None:
+            return []
+        blamed = sorted(cause.ranks)
     if cause is not None:
         fixes = {r: fx for r, fx in cause.fixes.items() if r in blamed}
         speedup = cause.predicted_speedup
