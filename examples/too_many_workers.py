@@ -1,7 +1,8 @@
 """Too many DataLoader workers on too few cores: rank 1 starts 8 CPU-heavy decoders.
 
-On a small host the workers fight the training processes for CPU and slow everyone down;
-fewer workers would be faster.
+Its decoding (numpy/BLAS, as image and audio codecs often are) needs about one core in all, but
+it runs in 8 worker processes, each with its own dataset copy and BLAS thread pool, on a host
+whose cores the training processes already use.
 
     torchrun --nproc_per_node=2 examples/too_many_workers.py
 """
@@ -12,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 args = parse_args()
 rank, world, device = setup()
 heavy = rank == args.fault_rank
-dataset = SyntheticImages(decode_work=40 if heavy else 0)
+dataset = SyntheticImages(decode_work=4 if heavy else 0)
 workers = 8 if heavy else args.workers
 model = DDP(SmallConvNet().to(device))
 loader = make_loader(dataset, rank, world, args.batch_size, workers, device)

@@ -10,7 +10,9 @@ rank is blamed only if it both computes slower per sample (by ``min_excess``) an
 was measured, waits less than its peers; a rank that only waits is never blamed.
 
 The phase with the largest excess over the peers' median names where to look. Per-sample
-normalisation leaves uneven batches to ``batch_split``; data wait is excluded (``data_starvation``).
+normalisation leaves uneven batches to ``batch_split``; data wait is excluded (``data_starvation``);
+a rank whose host is oversubscribed by its own DataLoader workers is left to
+``cpu_oversubscription``, which explains its slower compute.
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ def detect(
     waits = {r: s.collective_wait_s for r, s in stats.items()}
     step = statistics.median(s.step_s for s in stats.values())
 
+    contended = {r for f in prior if f.kind == "cpu_oversubscription" for r in f.ranks}
     blamed: dict[int, dict[str, float]] = {}
     for r, s in stats.items():
+        if r in contended:
+            continue
         peer_cps = peer_median(per_sample, r)
         peer_local = peer_median(local, r)
         if not peer_cps or peer_local is None:

@@ -1,27 +1,33 @@
-"""cpu_oversubscription: more busy processes than the host has cores.
+"""cpu_oversubscription: more DataLoader workers than the host has free cores.
 
-Metric: per host, the measured CPU of every rank's main process and of each of its DataLoader
-workers (psutil, in cores), and the host's busy cores. Decision: the host is at least
-``min_host_busy`` busy and runs more busy processes (those above ``busy_proc_cpu`` cores) than it
-has cores. Extra workers then only take CPU from the training loops and from each other.
+Metric: per host, the busy cores, the CPU of every rank's main process and the CPU of its
+DataLoader workers (psutil, in cores). Free cores for workers = cores - the main processes' CPU.
 
-Blamed: ranks whose worker count exceeds their fair share of the cores the main processes leave
-free: ``fair = floor(free / ranks_on_host / cpu_per_worker)``, at least 1. The fix lowers
-``num_workers`` to that share and never raises it.
+Decision: the host is at least ``min_host_busy`` busy, the workers of its ranks outnumber its free
+cores, and a rank runs more workers than its data needs. A worker can use a whole core, so a rank
+whose workers together use ``w`` cores needs ``ceil(margin * w)`` of them; the rest only add
+runnable processes, memory (one dataset copy each) and start-up cost to a host that has no CPU
+to spare. Counted are ranks whose workers use at least ``min_worker_cpu`` cores together; a
+starved rank (data wait at least ``starved_ratio`` of the step) whose workers use less than
+``io_bound_cpu`` cores each is waiting on storage, not on the CPU, and is left alone
+(``data_starvation`` may rightly ask for more of its workers).
 
-Predicted speed-up: with ``n`` CPU-bound runnable processes on ``c`` cores each gets ``c / n`` of a
-core, so trimming the busy workers to fit gives about ``n / max(c, n')`` (bounded by 2x; this is the
-roughest of the estimates and says so in the evidence).
+Fix: lower ``num_workers`` to what the data needs and the free cores allow (at least 1); it never
+raises it. Predicted speed-up: not predicted. In steady state the same decoding work runs on fewer
+processes, so the gain depends on the host's scheduler and caches rather than on anything the
+probe measures; the evidence gives the worker memory the fix frees instead. Severity: ``warning``
+when the workers outnumber the free cores ``severe_ratio`` times or more, else ``info``.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
-from ..findings import Finding, severity_for
+from ..findings import Finding
 from ..snapshot import Snapshot
-from .common import ranks_text, ready, with_expectation
+from .common import ranks_text, ready
 
 
 def detect(
@@ -30,82 +36,112 @@ def detect(
     prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_host_busy: float = 0.85,
-    busy_proc_cpu: float = 0.25,
+    margin: float = 1.25,
+    severe_ratio: float = 2.0,
+    io_bound_cpu: float = 0.15,
+    min_worker_cpu: float = 0.25,
+    starved_ratio: float = 0.15,
     min_samples: int = 3,
 ) -> list[Finding]:
-    """Find hosts with more busy training processes than cores.
+    """Find hosts whose ranks run more DataLoader workers than there are free cores.
 
     Args:
         min_steps: steps a rank needs in the window before it is judged.
         min_host_busy: share of the host's cores in use that counts as saturated.
-        busy_proc_cpu: CPU (cores) above which a process counts as busy.
+        margin: head-room on the workers a rank's measured worker CPU needs.
+        severe_ratio: workers / free cores at which the finding is a warning.
+        io_bound_cpu: CPU (cores) per worker below which a starved rank's workers are I/O-bound.
+        min_worker_cpu: CPU (cores) a rank's workers must use together to be counted.
+        starved_ratio: data wait share of the step above which a rank counts as starved.
         min_samples: host CPU samples needed in the window.
     """
     stats = ready(snapshot.stats, min_steps)
     findings: list[Finding] = []
     for host, ranks in sorted(snapshot.hosts().items()):
         node_samples = [n for n in snapshot.nodes if n.host == host]
-        rs = [r for r in ranks if r in stats]
+        rs = [
+            r
+            for r in ranks
+            if r in stats
+            and (stats[r].worker_cpu or 0.0) >= min_worker_cpu
+            and not (
+                stats[r].data_wait_ratio >= starved_ratio
+                and (stats[r].worker_cpu_each or 0.0) < io_bound_cpu
+            )
+        ]
         if len(node_samples) < min_samples or not rs:
             continue
         cores = node_samples[-1].cores
-        busy_cores = sum(n.busy_cores for n in node_samples) / len(node_samples)
+        # Median: start-up and shut-down samples must not dilute a saturated steady state.
+        busy_cores = statistics.median(n.busy_cores for n in node_samples)
         if busy_cores < min_host_busy * cores:
             continue
-        mains = {r: stats[r].main_cpu or 0.0 for r in rs}
-        worker_each = {r: stats[r].worker_cpu_each or 0.0 for r in rs}
-        workers = {r: stats[r].workers for r in rs}
-        busy_procs = sum(1 for r in rs if mains[r] >= busy_proc_cpu) + sum(
-            workers[r] for r in rs if worker_each[r] >= busy_proc_cpu
-        )
-        if busy_procs <= cores:
-            continue
+        mains = {r: stats[r].main_cpu or 0.0 for r in ranks if r in stats}
         free = max(0.0, cores - sum(mains.values()))
-        fair: dict[int, int] = {}
+        workers = {r: stats[r].workers for r in rs}
+        total_workers = sum(workers.values())
+        if total_workers <= free:
+            continue
+        share = free / len(rs)
+        target: dict[int, int] = {}
         for r in rs:
-            each = max(worker_each[r], busy_proc_cpu)
-            fair[r] = max(1, math.floor(free / len(rs) / each))
-        blamed = sorted(r for r in rs if workers[r] > fair[r] and worker_each[r] >= busy_proc_cpu)
+            needed = max(1, math.ceil(margin * (stats[r].worker_cpu or 0.0) - 1e-9))
+            target[r] = max(1, min(workers[r] - 1, needed, max(1, math.floor(share + 1e-9))))
+        blamed = sorted(r for r in rs if workers[r] > target[r] and workers[r] > 1)
         if not blamed:
             continue
-        after = sum(1 for r in rs if mains[r] >= busy_proc_cpu) + sum(
-            (fair[r] if r in blamed else workers[r]) for r in rs if worker_each[r] >= busy_proc_cpu
-        )
-        speedup = min(2.0, busy_procs / max(cores, after))
-        speedup = max(1.0, speedup)
-        fixes = {
-            r: with_expectation(
-                f"num_workers {workers[r]} -> {min(workers[r] - 1, fair[r])} "
-                f"(each worker uses {worker_each[r]:.2f} cores; {cores:g} cores on {host or 'host'})",
-                speedup,
+        ratio = total_workers / max(free, 0.5)
+        severity = "warning" if ratio >= severe_ratio else "info"
+        fixes: dict[int, str] = {}
+        freed: dict[str, int | None] = {}
+        for r in blamed:
+            s = stats[r]
+            fixes[r] = (
+                f"num_workers {workers[r]} -> {target[r]} (its workers use "
+                f"{s.worker_cpu or 0.0:.2f} cores together; {free:.1f} of {cores:g} cores are free "
+                f"on {host or 'the host'})"
             )
-            for r in blamed
-        }
+            rss = _worker_rss(snapshot, r)
+            # RSS counts pages shared with the rank, so this is an upper bound.
+            freed[str(r)] = (
+                None if rss is None else int(rss * (workers[r] - target[r]) / max(1, workers[r]))
+            )
         summary = (
-            f"{host or 'host'} runs {busy_procs} busy processes on {cores:g} cores: "
-            f"{ranks_text(blamed)} start{'s' if len(blamed) == 1 else ''} more DataLoader "
-            "workers than there are free cores"
+            f"{host or 'host'} is {busy_cores / cores:.0%} busy and runs {total_workers} "
+            f"DataLoader workers for {free:.1f} free cores: {ranks_text(blamed)} "
+            f"start{'s' if len(blamed) == 1 else ''} more than the data needs"
         )
         evidence = {
             "host": host,
             "cores": cores,
             "busy_cores": round(busy_cores, 2),
-            "busy_processes": busy_procs,
+            "free_cores_for_workers": round(free, 2),
             "main_cpu": {str(r): round(v, 2) for r, v in sorted(mains.items())},
             "workers": {str(r): v for r, v in sorted(workers.items())},
-            "worker_cpu_each": {str(r): round(v, 2) for r, v in sorted(worker_each.items())},
-            "fair_workers": {str(r): v for r, v in sorted(fair.items())},
-            "speedup_model": "runnable processes / cores (rough)",
+            "worker_cpu": {str(r): round(stats[r].worker_cpu or 0.0, 2) for r in rs},
+            "recommended_workers": {str(r): target[r] for r in blamed},
+            "worker_rss_removed_bytes_at_most": freed,
+            "speedup_model": "not predicted: the same decoding work runs on fewer processes",
         }
         findings.append(
             Finding(
                 kind="cpu_oversubscription",
-                severity=severity_for(speedup),
+                severity=severity,
                 ranks=tuple(blamed),
                 summary=summary,
                 evidence=evidence,
                 fixes=fixes,
-                predicted_speedup=speedup,
+                predicted_speedup=None,
             )
         )
     return findings
+
+
+def _worker_rss(snapshot: Snapshot, rank: int) -> int | None:
+    """The latest total RSS of a rank's DataLoader workers, if sampled."""
+    for view in snapshot.ranks:
+        if view.info.rank == rank:
+            for c in reversed(view.cpu):
+                if c.worker_rss_bytes is not None:
+                    return c.worker_rss_bytes
+    return None
