@@ -1,7 +1,7 @@
 """``auditor``: the command line. ``main(argv) -> int``; errors are one clear line and exit 2.
 
-    auditor run [options] -- COMMAND...     audit a training job (normally torchrun ... train.py)
-    auditor probe-path                      the folder to put on PYTHONPATH to opt a job in
+auditor run [options] -- COMMAND...     audit a training job (normally torchrun ... train.py)
+auditor probe-path                      the folder to put on PYTHONPATH to opt a job in
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         "every rank; print a live per-rank table and a verdict with per-rank fixes.",
     )
     add_options(run, RUN_OPTIONS)
-    sub.add_parser("probe-path", help="print the folder that opts a job into the probe via PYTHONPATH")
+    sub.add_parser(
+        "probe-path", help="print the folder that opts a job into the probe via PYTHONPATH"
+    )
     return parser
 
 
@@ -51,7 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(args)
         if ns.cmd is None:
-            raise UsageError("missing command: try 'auditor run -- torchrun train.py' or 'auditor --help'")
+            raise UsageError(
+                "missing command: try 'auditor run -- torchrun train.py' or 'auditor --help'"
+            )
         if ns.cmd == "probe-path":
             from .session import BOOT_DIR
 

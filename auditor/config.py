@@ -63,16 +63,44 @@ def _bool(text: str) -> bool:
 
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("--report", "report", "write the JSON report here (also when the job fails)"),
-    Option("--metrics-port", "metrics_port", "serve Prometheus metrics on this port (0: any free)", _port),
-    Option("--metrics-host", "metrics_host", "address the metrics endpoint binds", str, "127.0.0.1"),
+    Option(
+        "--metrics-port",
+        "metrics_port",
+        "serve Prometheus metrics on this port (0: any free)",
+        _port,
+    ),
+    Option(
+        "--metrics-host", "metrics_host", "address the metrics endpoint binds", str, "127.0.0.1"
+    ),
     Option("--address", "address", "join this Ray cluster instead of starting a local one"),
     Option("--window", "window", "seconds of samples each live verdict looks at", _positive, 10.0),
-    Option("--live-interval", "live_interval", "seconds between live table refreshes (0: off)", _non_negative, 1.0),
+    Option(
+        "--live-interval",
+        "live_interval",
+        "seconds between live table refreshes (0: off)",
+        _non_negative,
+        1.0,
+    ),
     Option("--job", "job", "job name used in metrics and the report (default: script name)"),
-    Option("--grace", "grace", "seconds between SIGTERM and SIGKILL when stopping the job", _positive, 10.0),
+    Option(
+        "--grace",
+        "grace",
+        "seconds between SIGTERM and SIGKILL when stopping the job",
+        _positive,
+        10.0,
+    ),
     Option("--ray-temp-dir", "ray_temp_dir", "temp dir of the embedded Ray (default: Ray's)"),
-    Option("--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"),
-    Option("--no-ray", "no_ray", "run the node agent inside this process instead of a Ray actor", _bool, False, True),
+    Option(
+        "--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"
+    ),
+    Option(
+        "--no-ray",
+        "no_ray",
+        "run the node agent inside this process instead of a Ray actor",
+        _bool,
+        False,
+        True,
+    ),
     Option("--quiet", "quiet", "no live table; only the verdict", _bool, False, True),
     Option("--json", "json", "print the verdict as JSON on stdout", _bool, False, True),
 )
@@ -108,9 +136,13 @@ def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> N
     for opt in options:
         help_text = f"{opt.help} [{opt.env}]"
         if opt.is_flag:
-            parser.add_argument(opt.flag, dest=opt.dest, action="store_true", default=None, help=help_text)
+            parser.add_argument(
+                opt.flag, dest=opt.dest, action="store_true", default=None, help=help_text
+            )
         else:
-            parser.add_argument(opt.flag, dest=opt.dest, default=None, help=help_text, metavar=opt.dest.upper())
+            parser.add_argument(
+                opt.flag, dest=opt.dest, default=None, help=help_text, metavar=opt.dest.upper()
+            )
 
 
 def resolve(

@@ -113,7 +113,7 @@ class StepSample:
 
     @property
     def compute_s(self) -> float:
-        """Local work of the step apart from data: h2d, forward, backward minus the wait, optimizer."""
+        """Local work apart from data: h2d, forward, backward minus the wait, optimizer."""
         wait = self.collective_wait_s or 0.0
         return self.h2d_s + self.forward_s + max(0.0, self.backward_s - wait) + self.optimizer_s
 

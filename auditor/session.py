@@ -21,7 +21,14 @@ from typing import Any, TextIO
 
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
-from auditor.cluster.launcher import Child, LaunchError, become_subreaper, check_command, exit_code_of, reap_descendants
+from auditor.cluster.launcher import (
+    Child,
+    LaunchError,
+    become_subreaper,
+    check_command,
+    exit_code_of,
+    reap_descendants,
+)
 from auditor.cluster.runtime import AgentHandle, start_agent
 from auditor.config import RunConfig
 from auditor.report.json_report import build_report, write_report
@@ -77,7 +84,9 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
     become_subreaper()
-    child = Child(cfg.command, probe_env(env if env is not None else os.environ, sink=sink, job=job))
+    child = Child(
+        cfg.command, probe_env(env if env is not None else os.environ, sink=sink, job=job)
+    )
     signals = _Signals(child)
     signals.install()
     started = time.time()
@@ -105,7 +114,9 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
                 print(f"auditor: metrics at {addr['metrics']}", file=out)
         except Exception as exc:  # the job keeps running unaudited rather than dying
             notes.append(f"no node agent: {type(exc).__name__}: {exc}")
-            print(f"auditor: could not start the node agent ({exc}); the job runs unaudited", file=out)
+            print(
+                f"auditor: could not start the node agent ({exc}); the job runs unaudited", file=out
+            )
         findings = _live_loop(cfg, child, agent, store, started, out)
         code = child.wait()
         if signals.interrupted and code is None:
@@ -117,12 +128,15 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         signals.restore()
         if child.poll() is None and child.proc is not None:
             child.stop(cfg.grace)
-    exit_code = exit_code_of(child.poll() if child.poll() is not None else 1)
+    final_code = child.poll()
+    exit_code = exit_code_of(final_code if final_code is not None else 1)
     duration = time.time() - started
     now = store.latest_time() or time.time()
     final = analyze(store.snapshot(now, None), cfg.overrides) if store.ranks else findings
     if not store.ranks:
-        notes.append("no training step was measured (the job ended early or the probe did not attach)")
+        notes.append(
+            "no training step was measured (the job ended early or the probe did not attach)"
+        )
     report = build_report(
         command=cfg.command,
         exit_code=exit_code,
@@ -173,7 +187,9 @@ def _live_loop(
         if cfg.metrics_port is not None:
             agent.set_findings([f.to_dict() for f in findings])
         if not cfg.quiet and cfg.live_interval > 0:
-            print(render_live(snap, findings, elapsed_s=time.time() - started), file=out, flush=True)
+            print(
+                render_live(snap, findings, elapsed_s=time.time() - started), file=out, flush=True
+            )
     return findings
 
 

@@ -19,7 +19,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 def parse_args(**defaults: object) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=defaults.get("seconds", 12.0), help="train this long")
+    p.add_argument(
+        "--seconds", type=float, default=defaults.get("seconds", 12.0), help="train this long"
+    )
     p.add_argument("--max-steps", type=int, default=defaults.get("max_steps", 100_000))
     p.add_argument("--batch-size", type=int, default=defaults.get("batch_size", 32))
     p.add_argument("--workers", type=int, default=defaults.get("workers", 1))
@@ -44,8 +46,13 @@ class SyntheticImages(Dataset):
     """Deterministic fake 3x32x32 images. ``read_delay_s`` mimics slow storage per sample and
     ``decode_work`` mimics CPU-heavy decoding (matrix products on the host)."""
 
-    def __init__(self, n: int = 50_000, read_delay_s: float = 0.0, decode_work: int = 0,
-                 slow_from: float = 0.0) -> None:
+    def __init__(
+        self,
+        n: int = 50_000,
+        read_delay_s: float = 0.0,
+        decode_work: int = 0,
+        slow_from: float = 0.0,
+    ) -> None:
         self.n = n
         self.read_delay_s = read_delay_s
         self.decode_work = decode_work
@@ -72,24 +79,38 @@ class SmallConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
 
-def make_loader(dataset: Dataset, rank: int, world: int, batch_size: int, workers: int,
-                device: torch.device) -> DataLoader:
+def make_loader(
+    dataset: Dataset, rank: int, world: int, batch_size: int, workers: int, device: torch.device
+) -> DataLoader:
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=device.type == "cuda", drop_last=True)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+    )
 
 
-def train(model: nn.Module, loader: DataLoader, device: torch.device, *, seconds: float,
-          max_steps: int) -> int:
+def train(
+    model: nn.Module, loader: DataLoader, device: torch.device, *, seconds: float, max_steps: int
+) -> int:
     """An ordinary loop. Every rank runs the same number of steps (rank 0 decides when to stop,
     so ranks never disagree at the all-reduce)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

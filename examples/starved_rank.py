@@ -15,7 +15,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 args = parse_args()
 rank, world, device = setup()
 slow = rank == args.fault_rank
-dataset = SyntheticImages(read_delay_s=0.004 if slow else 0.0, slow_from=time.time() + args.fault_after)
+dataset = SyntheticImages(
+    read_delay_s=0.004 if slow else 0.0, slow_from=time.time() + args.fault_after
+)
 model = DDP(SmallConvNet().to(device))
 loader = make_loader(dataset, rank, world, args.batch_size, args.workers, device)
 finish(rank, train(model, loader, device, seconds=args.seconds, max_steps=args.max_steps))

@@ -1,6 +1,6 @@
 """Balanced DDP training: every rank gets the same data path, batch and model.
 
-    torchrun --nproc_per_node=2 examples/train_ddp.py
+torchrun --nproc_per_node=2 examples/train_ddp.py
 """
 
 from common import SmallConvNet, SyntheticImages, finish, make_loader, parse_args, setup, train

@@ -1,6 +1,6 @@
 """Ranks that disagree on the per-rank batch size (a config bug: rank 1 doubles it).
 
-    torchrun --nproc_per_node=2 examples/uneven_batch.py
+torchrun --nproc_per_node=2 examples/uneven_batch.py
 """
 
 from common import SmallConvNet, SyntheticImages, finish, make_loader, parse_args, setup, train

@@ -80,7 +80,9 @@ class Finding:
         )
 
 
-def severity_for(speedup: float | None, *, warning_at: float = 1.10, critical_at: float = 1.5) -> str:
+def severity_for(
+    speedup: float | None, *, warning_at: float = 1.10, critical_at: float = 1.5
+) -> str:
     """Severity from the predicted gain: what fixing it is worth to the whole job."""
     if speedup is None or speedup < warning_at:
         return "info"

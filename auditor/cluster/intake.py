@@ -89,7 +89,9 @@ class RankIntake:
         """Everything received since the last drain."""
         with self._lock:
             d, self._delta = self._delta, IntakeDelta()
-        return Batch(infos=tuple(d.infos.values()), steps=tuple(d.steps), ended=tuple(sorted(d.ended)))
+        return Batch(
+            infos=tuple(d.infos.values()), steps=tuple(d.steps), ended=tuple(sorted(d.ended))
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():

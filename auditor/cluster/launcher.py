@@ -39,7 +39,9 @@ def check_command(command: Sequence[str]) -> None:
     """Refuse, before anything starts, a command that cannot run: empty, not found, or a
     ``.py`` script argument that does not exist."""
     if not command:
-        raise LaunchError("nothing to run: give the command after --, e.g. auditor run -- torchrun train.py")
+        raise LaunchError(
+            "nothing to run: give the command after --, e.g. auditor run -- torchrun train.py"
+        )
     exe = command[0]
     if shutil.which(exe) is None:
         raise LaunchError(f"command not found: {exe}")

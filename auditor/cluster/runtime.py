@@ -52,7 +52,12 @@ class RayAgent:
     """The node agent as a Ray actor on this node; starts or joins Ray."""
 
     def __init__(
-        self, *, address: str | None, temp_dir: str | None, call_timeout_s: float = 30.0, **agent_kwargs: Any
+        self,
+        *,
+        address: str | None,
+        temp_dir: str | None,
+        call_timeout_s: float = 30.0,
+        **agent_kwargs: Any,
     ) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -62,8 +67,12 @@ class RayAgent:
         self._owns_ray = False
         if not ray.is_initialized():
             if address:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
-                         namespace="auditor")
+                ray.init(
+                    address=address,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                    namespace="auditor",
+                )
             else:
                 # A private single-node Ray for this run, on loopback only. Token auth protects a
                 # shared cluster; this one lives and dies with the run and listens on 127.0.0.1.

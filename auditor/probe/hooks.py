@@ -164,7 +164,11 @@ class Probe:
     def _cuda_memory(self) -> tuple[int | None, int | None, int | None]:
         try:
             c = self.torch.cuda
-            return (int(c.memory_allocated()), int(c.memory_reserved()), int(c.max_memory_allocated()))
+            return (
+                int(c.memory_allocated()),
+                int(c.memory_reserved()),
+                int(c.max_memory_allocated()),
+            )
         except Exception:
             return (None, None, None)
 
@@ -401,7 +405,11 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
     orig_init = ddp_cls.__init__
     orig_register = ddp_cls.register_comm_hook
     builtin_name = next(
-        (n for n in ("register_builtin_comm_hook", "_register_builtin_comm_hook") if hasattr(ddp_cls, n)),
+        (
+            n
+            for n in ("register_builtin_comm_hook", "_register_builtin_comm_hook")
+            if hasattr(ddp_cls, n)
+        ),
         None,
     )
     orig_builtin = getattr(ddp_cls, builtin_name) if builtin_name else None
@@ -465,7 +473,7 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
 
     ddp_cls.__init__ = __init__
     ddp_cls.register_comm_hook = register_comm_hook
-    if builtin_name is not None:
+    if orig_builtin is not None and builtin_name is not None:
         setattr(ddp_cls, builtin_name, functools.wraps(orig_builtin)(register_builtin_comm_hook))
 
 

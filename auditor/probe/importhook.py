@@ -26,7 +26,7 @@ def enabled_by_env() -> bool:
 def install(*, sink_path: str | None = None, job: str = "") -> None:
     """Attach the probe to this process: now if torch is already imported, else on its import.
 
-    This is the explicit API for code that wants it (``import auditor.probe; auditor.probe.install()``);
+    The explicit API for code that wants it: ``import auditor.probe; auditor.probe.install()``.
     ``auditor run`` never needs it.
     """
     torch = sys.modules.get("torch")
@@ -84,7 +84,8 @@ class _AttachingLoader(importlib.abc.Loader):
         self._watcher = watcher
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)  # type: ignore[no-any-return]
+        module: ModuleType | None = self._inner.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)

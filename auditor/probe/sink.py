@@ -70,7 +70,9 @@ class Sink:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="auditor-probe-sink", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="auditor-probe-sink", daemon=True
+            )
             self._thread.start()
 
     def wake(self) -> None:

@@ -71,7 +71,7 @@ class HostSampler:
         self,
         *,
         host: str | None = None,
-        process: Callable[[int], ProcessLike] = psutil.Process,
+        process: Callable[[int], ProcessLike] = psutil.Process,  # type: ignore[assignment]
         system_cpu_percent: Callable[[], float] = lambda: psutil.cpu_percent(interval=None),
         logical_cpus: Callable[[], int] = lambda: psutil.cpu_count() or 1,
         cores: Callable[[], float] = available_cores,

@@ -125,7 +125,9 @@ def test_only_the_saturated_host_is_judged() -> None:
         ),
         pytest.param(*oversubscribed_2core(), {"min_host_busy": 1.01}, (), id="busy-threshold"),
         # Rank 1's workers (3.2 cores together) are not counted under a 5-core threshold.
-        pytest.param(*oversubscribed_2core(), {"min_worker_cpu": 5.0}, (), id="worker-cpu-threshold"),
+        pytest.param(
+            *oversubscribed_2core(), {"min_worker_cpu": 5.0}, (), id="worker-cpu-threshold"
+        ),
         pytest.param(*oversubscribed_2core(), {"min_samples": 25}, (), id="few-host-samples"),
         pytest.param(*oversubscribed_2core(), {"min_steps": 25}, (), id="too-few-steps"),
         # A starved rank whose workers use 0.05 cores each waits on storage: never lowered.

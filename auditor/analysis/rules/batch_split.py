@@ -61,7 +61,7 @@ def detect(
         note = "" if r in blamed else f" (keeps the global batch of {total})"
         fixes[r] = with_expectation(f"batch_size {round(batches[r])} -> {target[r]}{note}", speedup)
     summary = (
-        f"uneven per-rank batches ({', '.join(f'rank {r}: {round(b)}' for r, b in sorted(batches.items()))}): "
+        f"uneven per-rank batches ({_listing(batches)}): "
         f"{ranks_text(blamed)} hold{'s' if len(blamed) == 1 else ''} the others back"
     )
     evidence = {
@@ -87,6 +87,10 @@ def detect(
     ]
 
 
+def _listing(batches: dict[int, float]) -> str:
+    return ", ".join(f"rank {r}: {round(b)}" for r, b in sorted(batches.items()))
+
+
 def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]:
     """Integer batches summing to ``total`` with ``b_r * per_sample_r`` as equal as possible.
 
@@ -104,9 +108,10 @@ def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]
         left -= 1
     # The floor of 1 can overshoot: take the excess back from the largest shares.
     while left < 0:
-        r = max((q for q in out if out[q] > 1), key=lambda q: out[q] - ideal[q], default=None)
-        if r is None:
+        over = [q for q in out if out[q] > 1]
+        if not over:
             break
-        out[r] -= 1
+        worst = max(over, key=lambda q: out[q] - ideal[q])
+        out[worst] -= 1
         left += 1
     return out

@@ -54,7 +54,7 @@ def detect(
 
     contended = {r for f in prior if f.kind == "cpu_oversubscription" for r in f.ranks}
     blamed: dict[int, dict[str, float]] = {}
-    for r, s in stats.items():
+    for r in stats:
         if r in contended:
             continue
         peer_cps = peer_median(per_sample, r)
@@ -75,7 +75,9 @@ def detect(
     if not blamed:
         return []
 
-    peers_local = {r: peer_median({q: v for q, v in local.items() if q not in blamed}, r) for r in blamed}
+    peers_local = {
+        r: peer_median({q: v for q, v in local.items() if q not in blamed}, r) for r in blamed
+    }
     new_local = {r: v for r, v in peers_local.items() if v is not None}
     speedup = predicted_speedup(stats, new_local)
     fixes: dict[int, str] = {}
@@ -90,7 +92,10 @@ def detect(
         if s.batch_size:
             share = max(1, round(s.batch_size * (peer_median(per_sample, r) or 0) / per_sample[r]))
             if share < s.batch_size:
-                fix += f", or if its device is simply slower, batch_size {round(s.batch_size)} -> {share}"
+                fix += (
+                    f", or if its device is simply slower, "
+                    f"batch_size {round(s.batch_size)} -> {share}"
+                )
         fixes[r] = with_expectation(fix, speedup)
         per_rank[str(r)] = {
             "phase": phase,
@@ -138,7 +143,7 @@ def _phase_s(s: RankStats, phase: str) -> float:
 
 
 def _worst_phase(s: RankStats, peers: list[RankStats]) -> tuple[str, float, float]:
-    """The phase with the largest excess over the peers' median (per sample where batches differ)."""
+    """The phase with the largest excess over the peers' median (scaled where batches differ)."""
     best = ("forward", _phase_s(s, "forward"), 0.0)
     best_gap = float("-inf")
     for phase in _PHASES:

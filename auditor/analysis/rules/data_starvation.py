@@ -74,7 +74,9 @@ def detect(
     per_rank: dict[str, object] = {}
     hosts = snapshot.hosts()
     for r, s in sorted(starved.items()):
-        free = _free_cores(snapshot, s, starved_on_host=sum(1 for q in hosts.get(s.host, []) if q in starved))
+        free = _free_cores(
+            snapshot, s, starved_on_host=sum(1 for q in hosts.get(s.host, []) if q in starved)
+        )
         plan = _worker_plan(
             s, job_pace, free, margin=margin, max_workers=max_workers, io_bound_cpu=io_bound_cpu
         )
@@ -92,7 +94,9 @@ def detect(
             "worker_cpu_each": None if s.worker_cpu_each is None else round(s.worker_cpu_each, 2),
             "free_cores": None if free is None else round(free, 2),
             "expected_wait_ms": round(plan.expected_wait_s * 1e3, 1),
-            "speedup_basis": "upper bound: data wait removed" if plan.workers is None else "workers",
+            "speedup_basis": "upper bound: data wait removed"
+            if plan.workers is None
+            else "workers",
         }
     evidence["per_rank"] = per_rank
     speedup = predicted_speedup(stats, new_local)
@@ -120,7 +124,12 @@ class _Plan:
     """How many workers, the measured load per batch and the wait they should leave."""
 
     def __init__(
-        self, workers: int | None, load_s: float, expected_wait_s: float, capped: bool, measured: bool
+        self,
+        workers: int | None,
+        load_s: float,
+        expected_wait_s: float,
+        capped: bool,
+        measured: bool,
     ) -> None:
         self.workers = workers
         self.load_s = load_s
@@ -171,7 +180,9 @@ def _worker_plan(
     if workers <= current:
         return _Plan(None, load_s, 0.0, capped=True, measured=free_cores is not None)
     expected = max(0.0, load_s / workers - _work_s(s))
-    return _Plan(workers, load_s, min(expected, s.data_wait_s), workers < needed, free_cores is not None)
+    return _Plan(
+        workers, load_s, min(expected, s.data_wait_s), workers < needed, free_cores is not None
+    )
 
 
 def _fix_text(s: RankStats, plan: _Plan, current: int | None, *, saturated: bool) -> str:

@@ -8,8 +8,9 @@ Attribution: the spread is a symptom. The ranks blamed are the ones the others w
 that wait least at the all-reduce, among the ranks where the wait was measured. Never the ranks
 that only wait: under DDP they look idle to the probe and fully busy to NVML, and either way they
 are not the cause. Where no wait was measured at all, a rank's busy time includes its waiting,
-so only a cause finding can attribute the spread; without one the rule stays silent. The cause is the earlier finding that blames the same ranks (uneven batch,
-compute straggler, data starvation); its fixes and speed-up are carried over.
+so only a cause finding can attribute the spread; without one the rule stays silent. The cause
+is the earlier finding that blames the same ranks (uneven batch, compute straggler, data
+starvation); its fixes and speed-up are carried over.
 """
 
 from __future__ import annotations
