@@ -60,13 +60,17 @@ class _Signals:
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            self._old[sig] = signal.signal(sig, self._handle)
+            old = signal.signal(sig, self._handle)
+            self._old.setdefault(sig, old)
 
     def restore(self) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
     def _handle(self, sig: int, frame: FrameType | None) -> None:
+        self.forward(sig)
+
+    def forward(self, sig: int) -> None:
         repeated = sig in self.received
         self.received.append(sig)
         self.child.signal_group(signal.SIGKILL if repeated and sig == signal.SIGINT else sig)
@@ -112,11 +116,16 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             addr = agent.address()
             if addr.get("metrics"):
                 print(f"auditor: metrics at {addr['metrics']}", file=out)
+        except SystemExit:
+            # ray.init replaces the SIGTERM handler with sys.exit: a SIGTERM during its start-up
+            # arrives here. Treat it as the signal it was: forward it and carry on to the report.
+            signals.forward(signal.SIGTERM)
         except Exception as exc:  # the job keeps running unaudited rather than dying
             notes.append(f"no node agent: {type(exc).__name__}: {exc}")
             print(
                 f"auditor: could not start the node agent ({exc}); the job runs unaudited", file=out
             )
+        signals.install()  # again: ray.init installed its own SIGTERM handler over ours
         findings = _live_loop(cfg, child, agent, store, started, out)
         code = child.wait()
         if signals.interrupted and code is None:

@@ -8,7 +8,6 @@ so the job is still audited; the report notes it.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Protocol
 
 from auditor.samples import Batch
@@ -74,9 +73,9 @@ class RayAgent:
                     namespace="auditor",
                 )
             else:
-                # A private single-node Ray for this run, on loopback only. Token auth protects a
-                # shared cluster; this one lives and dies with the run and listens on 127.0.0.1.
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                # A private single-node Ray for this run. Ray's gRPC servers listen on every
+                # interface whatever the node address, so Ray's own token auth (on by default
+                # since 2.60) is left as the user has it: the auditor never turns it off.
                 ray.init(
                     num_cpus=1,
                     num_gpus=0,

@@ -1,0 +1,86 @@
+"""Fixtures for end-to-end runs: one real local Ray for the whole session, and a runner that
+starts ``auditor run`` as a real subprocess (the way users start it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+def base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["RAY_AUTH_MODE"] = "disabled"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("AUDITOR_PROBE", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """One Ray head for the session (start-up costs seconds and about 1 GiB): every run joins it
+    with --address. Its temp dir is short (Unix socket paths are limited to 107 bytes)."""
+    ray = pytest.importorskip("ray")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    temp = tempfile.mkdtemp(prefix="aud-ray-")
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=temp,
+        _node_ip_address="127.0.0.1",
+        namespace="auditor-tests",
+    )
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    report: dict[str, Any] | None
+    elapsed_s: float
+
+    def findings(self, kind: str | None = None) -> list[dict[str, Any]]:
+        fs = (self.report or {}).get("findings", [])
+        return [f for f in fs if kind is None or f["kind"] == kind]
+
+
+def run_auditor(
+    args: list[str],
+    command: list[str],
+    *,
+    tmp: Path,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+) -> Run:
+    report = tmp / "report.json"
+    argv = [sys.executable, "-m", "auditor", "run", "--report", str(report), *args, "--", *command]
+    start = time.monotonic()
+    proc = subprocess.run(
+        argv, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout
+    )
+    data = json.loads(report.read_text()) if report.exists() else None
+    return Run(proc.returncode, proc.stdout, proc.stderr, data, time.monotonic() - start)
+
+
+def torchrun(script: str, *args: str) -> list[str]:
+    return ["torchrun", "--nproc_per_node=2", str(EXAMPLES / script), *args]

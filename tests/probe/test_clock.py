@@ -1,0 +1,304 @@
+"""The step clock: hook events in, per-step phase durations out.
+
+The host clock is a fake the test advances, and the phase timer is either the real
+:class:`CpuTimer` or a fake device timer whose marks complete only when the test says the
+device got there (what CUDA events do): :meth:`StepClock.resolve` must wait for them and then
+report exact durations.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from auditor.probe.clock import CpuTimer, StepClock
+
+
+class Clock:
+    """Host time the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def at(self, t: float) -> None:
+        assert t >= self.t
+        self.t = t
+
+
+class DeviceTimer:
+    """Like CUDA events: a mark takes the (fake) time when recorded, but can be read only once
+    the device has passed it; reading one early is an error, as a blocking read would be."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.times: list[float] = []
+        self.passed = -1  # index of the last mark the device completed
+
+    def mark(self) -> int:
+        self.times.append(self.clock.t)
+        return len(self.times) - 1
+
+    def ready(self, mark: int) -> bool:
+        return mark <= self.passed
+
+    def elapsed(self, start: int, end: int) -> float:
+        assert self.ready(end), "elapsed() read a mark the device has not reached"
+        return self.times[end] - self.times[start]
+
+    def complete_all(self) -> None:
+        self.passed = len(self.times) - 1
+
+
+def make(timer: str = "device", **kw: object) -> tuple[StepClock, Clock, DeviceTimer | None]:
+    clock = Clock()
+    dev = DeviceTimer(clock) if timer == "device" else None
+    sc = StepClock(
+        rank=lambda: 3,
+        timer=dev if dev is not None else CpuTimer(),
+        wall=lambda: 1_700_000_000.0 + clock.t,
+        now=clock,
+        **kw,  # type: ignore[arg-type]
+    )
+    return sc, clock, dev
+
+
+def one_batch(
+    sc: StepClock, c: Clock, t0: float, *, batch: int | None = 4, optimizer: bool = True
+) -> None:
+    """One loop iteration at fixed times: 10 ms data wait, 5 ms h2d, 30 ms forward, 60 ms
+    backward and (with ``optimizer``) 8 ms optimizer step."""
+    c.at(t0)
+    began = sc.data_begin()
+    c.at(t0 + 0.010)
+    sc.data_end(began, batch)
+    c.at(t0 + 0.015)
+    sc.forward_begin()
+    c.at(t0 + 0.045)
+    sc.forward_end()
+    c.at(t0 + 0.050)
+    sc.backward_begin()
+    c.at(t0 + 0.110)
+    sc.backward_end()
+    if optimizer:
+        c.at(t0 + 0.112)
+        sc.optimizer_begin()
+        c.at(t0 + 0.120)
+        sc.optimizer_end()
+
+
+def test_device_marks_resolve_only_after_the_device_passed_them() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    one_batch(sc, c, 0.0)
+    c.at(0.125)
+    sc.data_begin()  # the next batch is asked for: step 0 closes
+    assert len(sc.pending) == 1
+    last_mark = len(dev.times) - 1  # the optimizer's end mark
+    dev.passed = last_mark - 1
+    assert sc.resolve() == []  # the device is still inside the optimizer step
+    assert len(sc.pending) == 1
+    dev.passed = last_mark
+    (s,) = sc.resolve(rss_bytes=1234)
+    assert s.rank == 3 and s.step == 0
+    assert s.time == pytest.approx(1_700_000_000.125)
+    assert s.step_s == pytest.approx(0.125)
+    assert s.data_wait_s == pytest.approx(0.010)
+    assert s.h2d_s == pytest.approx(0.005)
+    assert s.forward_s == pytest.approx(0.030)
+    assert s.backward_s == pytest.approx(0.060)
+    assert s.optimizer_s == pytest.approx(0.008)
+    assert s.collective_wait_s is None  # no DDP hook ran: not measured, not zero
+    assert s.batch_size == 4
+    assert s.rss_bytes == 1234
+    assert s.mem_allocated_bytes is None
+    assert sc.resolve() == []
+
+
+def test_resolve_returns_ready_steps_in_order_and_keeps_the_rest() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    one_batch(sc, c, 0.0)
+    after_step0 = len(dev.times) - 1
+    one_batch(sc, c, 0.125)
+    c.at(0.250)
+    sc.data_begin()
+    assert len(sc.pending) == 2
+    dev.passed = after_step0
+    assert [s.step for s in sc.resolve()] == [0]
+    dev.complete_all()
+    (s1,) = sc.resolve()
+    assert s1.step == 1 and s1.forward_s == pytest.approx(0.030)
+
+
+def test_gradient_accumulation_folds_batches_into_one_step() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    one_batch(sc, c, 0.0, optimizer=False)
+    one_batch(sc, c, 0.120, batch=6)  # second micro-batch, then the optimizer step
+    c.at(0.250)
+    sc.data_begin()
+    dev.complete_all()
+    (s,) = sc.resolve()
+    assert s.step == 0
+    assert s.batch_size == 10
+    assert s.step_s == pytest.approx(0.250)
+    assert s.data_wait_s == pytest.approx(0.020)
+    assert s.h2d_s == pytest.approx(0.010)
+    assert s.forward_s == pytest.approx(0.060)
+    assert s.backward_s == pytest.approx(0.120)
+    assert s.optimizer_s == pytest.approx(0.008)
+
+
+def test_unknown_batch_size_stays_unknown() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    one_batch(sc, c, 0.0, batch=None)
+    c.at(0.2)
+    sc.data_begin()
+    dev.complete_all()
+    (s,) = sc.resolve()
+    assert s.batch_size is None
+
+
+def test_loop_without_dataloader_closes_at_each_optimizer_step() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    for t0 in (0.0, 0.1):
+        c.at(t0 + 0.01)
+        sc.forward_begin()
+        c.at(t0 + 0.04)
+        sc.forward_end()
+        sc.backward_begin()
+        c.at(t0 + 0.08)
+        sc.backward_end()
+        sc.optimizer_begin()
+        c.at(t0 + 0.09)
+        sc.optimizer_end()
+        assert sc.steps == (1 if t0 == 0.0 else 2)
+    dev.complete_all()
+    s0, s1 = sc.resolve()
+    assert s0.step_s == pytest.approx(0.08)  # first forward to first optimizer end
+    assert s1.step_s == pytest.approx(0.10)  # optimizer end to optimizer end
+    for s in (s0, s1):
+        assert s.batch_size is None and s.data_wait_s == 0.0 and s.h2d_s == 0.0
+        assert s.forward_s == pytest.approx(0.03)
+        assert s.backward_s == pytest.approx(0.04)
+        assert s.optimizer_s == pytest.approx(0.01)
+
+
+def test_collective_wait_is_last_done_minus_last_launch() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    c.at(0.0)
+    sc.forward_begin()
+    c.at(0.010)
+    sc.forward_end()
+    sc.backward_begin()
+    c.at(0.020)
+    sc.bucket_launched()
+    c.at(0.030)
+    sc.bucket_launched()  # the last bucket ready on this rank
+    c.at(0.035)
+    sc.bucket_done()
+    c.at(0.052)
+    sc.bucket_done()  # the last all-reduce finishes: 22 ms after the last launch
+    c.at(0.055)
+    sc.backward_end()
+    sc.optimizer_begin()
+    c.at(0.060)
+    sc.optimizer_end()
+    # the next step has no DDP bucket: its wait is not measured
+    c.at(0.070)
+    sc.forward_begin()
+    sc.forward_end()
+    sc.backward_begin()
+    sc.backward_end()
+    sc.optimizer_begin()
+    c.at(0.080)
+    sc.optimizer_end()
+    dev.complete_all()
+    s0, s1 = sc.resolve()
+    assert s0.collective_wait_s == pytest.approx(0.022)
+    assert s0.backward_s == pytest.approx(0.045)  # the wait is inside backward's wall time
+    assert s0.compute_s == pytest.approx(0.010 + 0.045 - 0.022 + 0.005)
+    assert s1.collective_wait_s is None
+
+
+def test_bounded_pending_queue_counts_drops() -> None:
+    sc, c, dev = make(max_pending=3)
+    assert dev is not None
+    for i in range(5):
+        c.at(i * 0.1)
+        sc.forward_begin()
+        sc.forward_end()
+        sc.optimizer_begin()
+        c.at(i * 0.1 + 0.05)
+        sc.optimizer_end()
+    assert sc.steps == 5
+    assert sc.dropped == 2
+    assert len(sc.pending) == 3
+    dev.complete_all()
+    assert [s.step for s in sc.resolve()] == [2, 3, 4]  # the oldest were dropped
+
+
+def test_flush_open_closes_only_a_finished_step() -> None:
+    sc, c, dev = make()
+    assert dev is not None
+    one_batch(sc, c, 0.0, optimizer=False)
+    sc.flush_open()
+    assert sc.steps == 0  # no optimizer step yet: nothing to close
+    c.at(0.2)
+    sc.optimizer_begin()
+    c.at(0.21)
+    sc.optimizer_end()
+    assert sc.steps == 0  # a DataLoader loop closes at the next batch ...
+    c.at(0.3)
+    sc.flush_open()  # ... or at exit
+    dev.complete_all()
+    (s,) = sc.resolve()
+    assert s.step_s == pytest.approx(0.3)
+    assert s.optimizer_s == pytest.approx(0.01)
+
+
+def test_memory_reader_is_sampled_at_close() -> None:
+    readings = iter([(10, 20, 30), (11, 21, 31)])
+    sc, c, dev = make(memory=lambda: next(readings))
+    assert dev is not None
+    for t0 in (0.0, 0.2):
+        one_batch(sc, c, t0)
+    c.at(0.4)
+    sc.data_begin()
+    dev.complete_all()
+    s0, s1 = sc.resolve()
+    assert (s0.mem_allocated_bytes, s0.mem_reserved_bytes, s0.mem_peak_bytes) == (10, 20, 30)
+    assert (s1.mem_allocated_bytes, s1.mem_reserved_bytes, s1.mem_peak_bytes) == (11, 21, 31)
+
+
+def test_cpu_timer_measures_real_phases() -> None:
+    sc = StepClock(rank=lambda: 0, timer=CpuTimer())
+    began = sc.data_begin()
+    time.sleep(0.01)
+    sc.data_end(began, 2)
+    sc.forward_begin()
+    time.sleep(0.02)
+    sc.forward_end()
+    sc.backward_begin()
+    time.sleep(0.01)
+    sc.backward_end()
+    sc.optimizer_begin()
+    sc.optimizer_end()
+    sc.data_begin()
+    (s,) = sc.resolve()
+    assert s.data_wait_s >= 0.01
+    assert s.forward_s >= 0.02
+    assert s.backward_s >= 0.01
+    assert s.optimizer_s >= 0.0
+    assert s.data_wait_s + s.h2d_s + s.forward_s + s.backward_s + s.optimizer_s <= s.step_s
+    timer = CpuTimer()
+    a = timer.mark()
+    assert timer.ready(a)
+    assert timer.elapsed(a, a - 1.0) == 0.0  # never negative
