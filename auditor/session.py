@@ -104,7 +104,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             agent, note = start_agent(
                 use_ray=not cfg.no_ray,
                 address=cfg.address,
-                temp_dir=cfg.ray_temp_dir,
+                # The embedded Ray's sessions live in this run's folder and go with it.
+                temp_dir=cfg.ray_temp_dir or os.path.join(rundir, "ray"),
                 job=job,
                 sink_path=sink,
                 metrics_host=cfg.metrics_host,

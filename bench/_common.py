@@ -26,9 +26,13 @@ import psutil
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 EXAMPLES = os.path.join(REPO, "examples")
-RESULTS = os.path.join(BENCH_DIR, "results")
+# Smoke runs can write elsewhere (BENCH_RESULTS_DIR) so they do not replace real results.
+RESULTS = os.environ.get("BENCH_RESULTS_DIR") or os.path.join(BENCH_DIR, "results")
 
 _PR_SET_CHILD_SUBREAPER = 36
+# What the audited arms run with: the caller's setting, else Ray's token auth off (a private
+# loopback Ray that lives and dies with each run).
+RAY_AUTH_MODE = os.environ.get("RAY_AUTH_MODE", "disabled")
 
 
 def _version(dist: str) -> str | None:
@@ -100,7 +104,7 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 
 def write_result(name: str, payload: Mapping[str, Any]) -> str:
-    """Write ``bench/results/<name>.json`` (with command line, date and machine) and return it."""
+    """Write ``<RESULTS>/<name>.json`` with command line, date and machine; return its path."""
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{name}.json")
     doc = {
@@ -108,6 +112,7 @@ def write_result(name: str, payload: Mapping[str, Any]) -> str:
         "command": command_line(),
         "date": now_iso(),
         "machine": machine(),
+        "ray_auth_mode": RAY_AUTH_MODE,
         **payload,
     }
     tmp = path + ".tmp"
@@ -257,6 +262,12 @@ def tail(path: str, n: int = 2000) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def shown(path: str) -> str:
+    """A results path as printed: relative to the repository when inside it."""
+    rel = os.path.relpath(path, REPO)
+    return path if rel.startswith("..") else rel
 
 
 def fmt_ratio(s: Mapping[str, Any], digits: int = 4) -> str:

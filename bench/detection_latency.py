@@ -115,7 +115,7 @@ def run_once(
             str(fault_rank),
         ]
         cmd = [*c.which_auditor(), "run", "--live-interval", "1", "--report", report, "--", *job]
-        env = c.clean_env({"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+        env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE})
         obs = Observer(fault_rank)
         t0 = time.time()
         proc = subprocess.Popen(
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  WARNING: {len(left)} process(es) left behind after runs:")
         for x in left:
             print(f"    {x}")
-    print(f"  results: {os.path.relpath(path, c.REPO)}")
+    print(f"  results: {c.shown(path)}")
     return 0 if len(latencies) == len(runs) else 1
 
 

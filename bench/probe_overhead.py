@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     left = [x for r in runs for x in r["leftover_processes"]]
     if left:
         print(f"  WARNING: {len(left)} process(es) left behind after runs (see JSON)")
-    print(f"  results: {os.path.relpath(path, c.REPO)}")
+    print(f"  results: {c.shown(path)}")
     failed = len(ratios) < args.pairs or any(n == 0 for n in probe_samples)
     return 1 if failed else 0
 

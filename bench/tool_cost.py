@@ -55,7 +55,7 @@ def label(p: psutil.Process, root_pid: int) -> str:
     if p.pid == root_pid:
         return "auditor (driver)"
     if cmd and cmd[0].startswith("ray::"):
-        return cmd[0].split()[0]
+        return cmd[0].split()[0].split(".")[0]  # ray::NodeAgentCore.drain -> ray::NodeAgentCore
     if cmd and "python" in os.path.basename(cmd[0]):
         for i, arg in enumerate(cmd[1:], 1):
             if arg == "-m" and i + 1 < len(cmd):
@@ -227,7 +227,7 @@ def run_arm(arm: str, seconds: float, logdir: str, index: int, timeout_s: float)
     audited = arm == "auditor"
     if audited:
         cmd = [*c.which_auditor(), "run", "--quiet", "--", *job]
-        env = c.clean_env({"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")})
+        env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE})
     else:
         cmd, env = job, c.clean_env()
     out_path = os.path.join(logdir, f"{index:02d}-{arm}.stdout")
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  WARNING: {len(left)} process(es) left behind after runs:")
         for x in left:
             print(f"    {x}")
-    print(f"  results: {os.path.relpath(path, c.REPO)}")
+    print(f"  results: {c.shown(path)}")
     return 0 if len(ratios) == pairs else 1
 
 

@@ -26,6 +26,7 @@ that is not yet saturated).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from ..advisor import fmt_ms, fmt_pct, predicted_speedup
@@ -67,6 +68,8 @@ def detect(
     # The pace the job would keep without data stalls: the slowest rank's own work.
     job_pace = max(_work_s(s) for s in stats.values())
     oversubscribed = {r for f in prior if f.kind == "cpu_oversubscription" for r in f.ranks}
+    fed = [s.data_wait_s for r, s in stats.items() if r not in starved]
+    residual = statistics.median(fed) if fed else 0.0
 
     new_local: dict[int, float] = {}
     fixes: dict[int, str] = {}
@@ -81,7 +84,9 @@ def detect(
             s, job_pace, free, margin=margin, max_workers=max_workers, io_bound_cpu=io_bound_cpu
         )
         current = s.loader.num_workers if s.loader else None
-        new_wait = plan.expected_wait_s
+        # Even a fed rank waits a little per batch (hand-off from the workers): the peers'
+        # median wait, where there are unstarved peers, is the floor of what a fix can reach.
+        new_wait = max(plan.expected_wait_s, min(residual, s.data_wait_s))
         new_local[r] = max(0.0, s.local_s - s.data_wait_s + new_wait)
         fixes[r] = _fix_text(s, plan, current, saturated=r in oversubscribed)
         per_rank[str(r)] = {
@@ -93,7 +98,7 @@ def detect(
             "recommended_workers": plan.workers,
             "worker_cpu_each": None if s.worker_cpu_each is None else round(s.worker_cpu_each, 2),
             "free_cores": None if free is None else round(free, 2),
-            "expected_wait_ms": round(plan.expected_wait_s * 1e3, 1),
+            "expected_wait_ms": round(new_wait * 1e3, 1),
             "speedup_basis": "upper bound: data wait removed"
             if plan.workers is None
             else "workers",

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite from nothing: system packages, Python packages, lint, types, tests.
+# Usage: bash tests/run.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# promtool (Debian's prometheus package) checks the exported metrics; no service is started.
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "tests/run.sh: promtool missing and cannot apt-get install prometheus (not root)" >&2
+  fi
+fi
+
+# torch first and pinned: the local CPU build, never the CUDA wheels an unpinned torch pulls.
+python3 -m pip install -q torch==2.13.0 numpy
+python3 -m pip install -q -e ".[dev]"
+
+# Tests run their own private local Ray; Ray 2.60's token auth is for shared clusters.
+export RAY_AUTH_MODE=disabled
+
+ruff check auditor tests examples bench
+ruff format --check auditor tests
+mypy
+python3 -m pytest "$@"
