@@ -36,7 +36,9 @@ def test_errors_are_one_line_and_exit_2(
     assert err.startswith("auditor: error: ") and message in err
 
 
-def test_environment_twins_are_read(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_environment_twins_are_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("AUDITOR_METRICS_PORT", "not-a-port")
     assert main(["run", "--", "true"]) == 2
     assert "AUDITOR_METRICS_PORT" in capsys.readouterr().err

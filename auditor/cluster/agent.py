@@ -76,6 +76,8 @@ class NodeAgentCore:
         }
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
@@ -100,7 +102,7 @@ class NodeAgentCore:
         delta = self._intake.drain()
         with self._lock:
             for info in delta.infos:
-                self._sampler.track(info.rank, info.pid)
+                self._sampler.track(info.rank, info.pid)  # before sampling, so it counts now
             procs, node = self._sampler.sample()
             self._absorb(delta, procs, node)
 
@@ -110,6 +112,7 @@ class NodeAgentCore:
         for info in delta.infos:
             st.infos[info.rank] = info
             st.ended.discard(info.rank)
+            self._sampler.track(info.rank, info.pid)
         for s in delta.steps:
             st.totals.setdefault(s.rank, RankTotals()).add(s)
         for c in procs:

@@ -71,6 +71,8 @@ class RankIntake:
         self._thread.start()
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return  # already stopped: stopping twice is harmless
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
@@ -138,6 +140,8 @@ class RankIntake:
     def _line(self, state: _Conn, line: bytes) -> None:
         try:
             msg = json.loads(line)
+            if not isinstance(msg, dict):
+                raise ValueError(f"expected a JSON object, got {type(msg).__name__}")
             kind = msg.get("type")
             if kind in ("hello", "info"):
                 info = RankInfo.from_dict(msg["info"])

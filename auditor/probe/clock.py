@@ -117,6 +117,16 @@ class StepClock:
         self.saw_loader = False
         self._reset(None)
 
+    def use(
+        self,
+        timer: Timer,
+        *,
+        memory: Callable[[], tuple[int | None, int | None, int | None]] | None = None,
+    ) -> None:
+        """Switch the phase timer (before the first step: marks of two timers never mix)."""
+        self.timer = timer
+        self._memory = memory
+
     def _reset(self, start: float | None) -> None:
         self._start = start
         self._data_wait = 0.0

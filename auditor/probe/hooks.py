@@ -87,12 +87,8 @@ class Probe:
         self._fwd_depth = 0
         self._model_hooks: list[Any] = []
         self._lock = threading.Lock()
-        cuda = self._cuda_available()
-        self.clock = StepClock(
-            rank=self.rank,
-            timer=CudaTimer(torch) if cuda else CpuTimer(),
-            memory=self._cuda_memory if cuda else None,
-        )
+        # CPU clock until the first training event shows whether this process trains on CUDA.
+        self.clock = StepClock(rank=self.rank, timer=CpuTimer())
         self.sink = Sink(
             self.sink_path,
             collect=self._collect,
@@ -101,9 +97,12 @@ class Probe:
         )
 
     # --- identity ------------------------------------------------------------------------------
-    def _cuda_available(self) -> bool:
+    def _cuda_in_use(self) -> bool:
+        """CUDA initialised by the script itself: a GPU host running a CPU job stays on the host
+        clock, and the probe never creates a CUDA context of its own."""
         try:
-            return bool(self.torch.cuda.is_available())
+            c = self.torch.cuda
+            return bool(c.is_available() and c.is_initialized())
         except Exception:
             return False
 
@@ -187,6 +186,10 @@ class Probe:
         except Exception:
             pass
         self.active = True
+        if self._cuda_in_use():
+            self.clock.use(CudaTimer(self.torch), memory=self._cuda_memory)
+            if self.device == "cpu":
+                self.device = f"cuda:{self.torch.cuda.current_device()}"
         self.sink.start()
         atexit.register(self.shutdown)
         return True
@@ -464,8 +467,17 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
         self._auditor_timed = timed
 
     def register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
-        # A C++ hook cannot be wrapped: leave it alone and say the wait was not measured.
-        if getattr(self, "_auditor_timed", None) is None:
+        timed = getattr(self, "_auditor_timed", None)
+        if timed is not None:
+            # Ours is in already (the script asks after its first forward) and DDP takes one
+            # hook: run the Python twin of the builtin inside it, which DDP documents as
+            # equivalent, rather than fail the job.
+            twin = _python_twin(comm_hook_type)
+            if twin is not None:
+                timed.inner, timed.state = twin, self.process_group
+                return
+        else:
+            # Before ours: a C++ hook cannot be wrapped; leave it and say what was not measured.
             self._auditor_user_hook = True
             probe.unmeasured.add("collective_wait")
         assert orig_builtin is not None
@@ -475,6 +487,18 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
     ddp_cls.register_comm_hook = register_comm_hook
     if orig_builtin is not None and builtin_name is not None:
         setattr(ddp_cls, builtin_name, functools.wraps(orig_builtin)(register_builtin_comm_hook))
+
+
+def _python_twin(comm_hook_type: Any) -> Callable[..., Any] | None:
+    """The Python hook equivalent to a DDP builtin comm hook type, where torch has one."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    name = getattr(comm_hook_type, "name", str(comm_hook_type)).rsplit(".", 1)[-1]
+    twins: dict[str, Callable[..., Any]] = {
+        "ALLREDUCE": default_hooks.allreduce_hook,
+        "FP16_COMPRESS": default_hooks.fp16_compress_hook,
+    }
+    return twins.get(name)
 
 
 def _hook_dataparallel(probe: Probe, torch: Any) -> None:

@@ -59,6 +59,11 @@ class Sink:
         self._hello = hello
         self._interval = interval_s
         self._buffer: deque[bytes] = deque(maxlen=max_buffered)
+        # Bytes taken from the buffer and not yet written; kept across flushes so a slow agent
+        # never gets a line twice or half a line.
+        self._out = b""
+        self._out_messages = 0
+        self._mid_line = False
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -91,16 +96,24 @@ class Sink:
         with self._lock:
             for msg in self._collect():
                 self._buffer.append(encode(msg))
-            if not self._buffer:
+            if not self._buffer and not self._out:
                 return
             if self._sock is None and not self._connect():
                 return
             assert self._sock is not None
-            try:
-                payload = b"".join(self._buffer)
-                self._sock.sendall(payload)
-                self.sent_messages += len(self._buffer)
+            if not self._out:
+                self._out = b"".join(self._buffer)
+                self._out_messages = len(self._buffer)
                 self._buffer.clear()
+            try:
+                while self._out:
+                    sent = self._sock.send(self._out)
+                    self._mid_line = self._out[sent - 1 : sent] != b"\n"
+                    self._out = self._out[sent:]
+                self.sent_messages += self._out_messages
+                self._out_messages = 0
+            except TimeoutError:
+                pass  # the agent is slow: keep the connection and the rest for the next flush
             except OSError:
                 self._drop_connection()
 
@@ -121,6 +134,12 @@ class Sink:
         return True
 
     def _drop_connection(self) -> None:
+        if self._mid_line:
+            # Part of a line went out on the old connection: the agent discards that fragment,
+            # so the rest of it must not start the new connection. Whole lines are resent once.
+            cut = self._out.find(b"\n")
+            self._out = self._out[cut + 1 :] if cut >= 0 else b""
+        self._mid_line = False
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -141,7 +160,7 @@ class Sink:
             except Exception:
                 pass
             with self._lock:
-                done = not self._buffer
+                done = not self._buffer and not self._out
             if done or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -165,5 +184,6 @@ class Sink:
             except OSError:
                 pass
         self._buffer.clear()
+        self._out = b""
         self._thread = None
         self._lock = threading.Lock()

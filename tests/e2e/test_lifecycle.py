@@ -137,6 +137,6 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     assert data["job"]["interrupted"] is True
     assert data["job"]["exit_code"] == code
     assert all(r["steps"] > 0 for r in data["ranks"])
-    gone, alive = psutil.wait_procs(tree, timeout=15)
+    _gone, alive = psutil.wait_procs(tree, timeout=15)
     assert alive == [], [p.pid for p in alive]
     assert _wait_no_leftovers(started, script, str(tmp_path / "ray")) == []

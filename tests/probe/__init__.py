@@ -38,16 +38,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_RANK_VARS = ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def clean_env() -> dict[str, str]:
     """The test process's environment without anything that would boot a probe or set a rank."""
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("AUDITOR_")
-        and k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        k: v for k, v in os.environ.items() if not k.startswith("AUDITOR_") and k not in _RANK_VARS
     }
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = "1"
+    # The scripts train on CPU; on a CUDA host the probe would time them with CUDA events, which
+    # see none of the CPU work. These tests are about the CPU path: hide any GPU.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -78,7 +81,9 @@ class JobResult:
 
     def printed(self, key: str) -> str:
         """The value of the last ``KEY=value`` line the script printed."""
-        values = [ln.split("=", 1)[1] for ln in self.stdout.splitlines() if ln.startswith(key + "=")]
+        values = [
+            ln.split("=", 1)[1] for ln in self.stdout.splitlines() if ln.startswith(key + "=")
+        ]
         assert values, f"{key}= not printed; stdout:\n{self.stdout}\nstderr:\n{self.stderr}"
         return values[-1]
 
@@ -93,6 +98,7 @@ class Job:
         env: dict[str, str] | None = None,
         with_intake: bool = True,
         probe: bool = True,
+        boot: bool = True,
     ) -> None:
         self.dir = short_dir()
         self.sink = os.path.join(self.dir, "s.sock")
@@ -103,7 +109,7 @@ class Job:
                 self.sink, on_workers=lambda r, p, w: self.workers.append((r, p, w))
             )
             self.intake.start()
-        full_env = probe_env(self.sink) if probe else clean_env()
+        full_env = probe_env(self.sink, boot=boot) if probe else clean_env()
         full_env.update(env or {})
         self.proc = subprocess.Popen(
             [sys.executable, *argv],

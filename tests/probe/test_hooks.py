@@ -144,18 +144,12 @@ def test_builtin_comm_hook_is_left_alone_and_reported_unmeasured(
         phases_fit(s)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hooks.py register_builtin_comm_hook: after the first forward the probe's timing hook "
-    "is already registered, so the script's _register_builtin_comm_hook hits DDP's "
-    "'can only be called once' and the job crashes (without the probe it trains fine)",
-)
 def test_builtin_comm_hook_registered_after_first_forward(jobs: dict[str, JobResult]) -> None:
     res = ok(jobs["builtin_after"])
     assert len(res.steps) == BATCHES
 
 
-# --- no DDP, no launcher ---------------------------------------------------------------------------
+# --- no DDP, no launcher --------------------------------------------------------------------------
 def test_plain_loop_with_gradient_accumulation(jobs: dict[str, JobResult]) -> None:
     res = ok(jobs["plain"], code=3)
     info = res.infos[0]
@@ -182,7 +176,7 @@ def test_job_unchanged_without_agent(jobs: dict[str, JobResult]) -> None:
     assert lonely.stderr == bare.stderr == ""
 
 
-# --- pure helpers -----------------------------------------------------------------------------------
+# --- pure helpers ---------------------------------------------------------------------------------
 def test_batch_size_of_common_batch_shapes() -> None:
     class T:
         def __init__(self, *shape: int) -> None:

@@ -3,6 +3,7 @@ hello on every (re)connection, a complete final flush, and the intake's resilien
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -233,3 +234,48 @@ def test_closing_connection_marks_the_rank_ended(path: str, intakes: list[RankIn
     assert got.poll().ended == {0}
     b.close()
     assert wait_for(lambda: got.poll().ended == {0, 1})
+
+
+def test_stalled_agent_gets_every_step_exactly_once(path: str) -> None:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    received: list[bytes] = []
+    readers: list[threading.Thread] = []
+
+    def read(conn: socket.socket, stall_s: float) -> None:
+        time.sleep(stall_s)  # an agent that stops reading for a while (busy, swapped out)
+        chunks = []
+        with conn:
+            while chunk := conn.recv(1 << 16):
+                chunks.append(chunk)
+        received.append(b"".join(chunks))
+
+    def accept() -> None:
+        for stall in (1.5, 0.0):
+            conn, _ = server.accept()
+            t = threading.Thread(target=read, args=(conn, stall))
+            t.start()
+            readers.append(t)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    box = Outbox()
+    for i in range(20_000):  # ~1.3 MB: more than the socket buffer holds
+        box.put(step(i))
+    sink = Sink(path, box.collect, box.hello, interval_s=60)
+    sink.close(timeout_s=8)
+    acceptor.join(timeout=5)
+    for t in readers:
+        t.join(timeout=5)
+    server.close()
+    delivered: list[int] = []
+    for data in received:
+        for line in data.splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the dropped connection
+            if msg.get("type") == "steps":
+                delivered += [row[1] for row in msg["rows"]]
+    assert sorted(delivered) == list(range(20_000))

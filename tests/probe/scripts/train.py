@@ -31,7 +31,7 @@ p.add_argument("--exit-code", type=int, default=0)
 args = p.parse_args()
 
 if args.auto == "before":
-    import auditor.probe.auto  # noqa: F401  (the one-line opt-in, before torch)
+    import auditor.probe.auto  # the one-line opt-in, before torch
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -132,9 +132,7 @@ for i, (x, y) in enumerate(seen):
             for t, g in zip(ref, grads, strict=True):
                 t -= LR * g
                 g.zero_()
-match = all(
-    torch.allclose(a, b, atol=1e-6) for a, b in zip(net.parameters(), ref, strict=True)
-)
+match = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(net.parameters(), ref, strict=True))
 print(f"MATCH={match}")
 print(f"COMM_CALLS={CALLS['comm']}")
 print(f"FWD_CALLS={CALLS['fwd']}")
