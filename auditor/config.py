@@ -63,6 +63,7 @@ def _bool(text: str) -> bool:
 
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("--report", "report", "write the JSON report here (also when the job fails)"),
+    Option("--record", "record", "write every sample seen to this recording (JSON lines)"),
     Option(
         "--metrics-port",
         "metrics_port",
@@ -110,6 +111,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
 class RunConfig:
     command: tuple[str, ...]
     report: str | None = None
+    record: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     address: str | None = None

@@ -164,6 +164,63 @@ class NodeCpu:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (host PID as NVML reports it)."""
+
+    pid: int
+    used_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One consistent NVML read of one physical GPU.
+
+    Ratios are 0..1 (NVML's percentages / 100). ``None`` is "not supported or not permitted on
+    this device", never zero. ``lost`` marks a GPU that fell off the bus: its other fields are
+    None and it must not read as an idle GPU.
+    """
+
+    node: str
+    index: int
+    uuid: str
+    time: float
+    model: str = ""
+    lost: bool = False
+    gpu_util: float | None = None
+    mem_util: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    mem_clock_max_mhz: float | None = None
+    # Decoded clock-event (throttle) reasons that are active, e.g. ("sw_thermal_slowdown",).
+    throttle_reasons: tuple[str, ...] | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temperature_c: float | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeviceSample:
+        d = dict(d)
+        d["processes"] = tuple(
+            GpuProcess(**p) if isinstance(p, dict) else GpuProcess(*p)
+            for p in d.get("processes") or ()
+        )
+        if d.get("throttle_reasons") is not None:
+            d["throttle_reasons"] = tuple(d["throttle_reasons"])
+        return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
 class Batch:
     """Samples handed from a node to whoever analyses them (the wire between actor and driver)."""
 
@@ -171,6 +228,7 @@ class Batch:
     steps: tuple[StepSample, ...] = ()
     processes: tuple[ProcessCpu, ...] = ()
     nodes: tuple[NodeCpu, ...] = ()
+    devices: tuple[DeviceSample, ...] = ()
     # Ranks whose connection closed: the rank process ended (normally or not).
     ended: tuple[int, ...] = field(default_factory=tuple)
 

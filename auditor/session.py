@@ -33,6 +33,7 @@ from auditor.cluster.runtime import AgentHandle, start_agent
 from auditor.config import RunConfig
 from auditor.report.json_report import build_report, write_report
 from auditor.report.terminal import render_live, render_verdict
+from auditor.telemetry.recorded import RecordingWriter
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe", "boot")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +97,12 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     started = time.time()
     notes: list[str] = []
     agent: AgentHandle | None = None
-    store = SampleStore(job)
+    recorder = (
+        RecordingWriter(cfg.record, job=job, meta={"command": list(cfg.command)})
+        if cfg.record
+        else None
+    )
+    store = SampleStore(job, on_add=recorder.write if recorder else None)
     findings: list[Finding] = []
     try:
         child.start()
@@ -161,6 +167,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         if cfg.report:
             write_report(cfg.report, report)
     finally:
+        if recorder is not None:
+            recorder.close()
         if agent is not None:
             _stop_quietly(agent)
         reap_descendants()

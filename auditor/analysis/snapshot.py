@@ -8,11 +8,11 @@ what "now" is.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from auditor.samples import Batch, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
 
 from .stats import RankStats, rank_stats
 
@@ -36,6 +36,8 @@ class Snapshot:
     end: float
     ranks: tuple[RankView, ...]
     nodes: tuple[NodeCpu, ...] = ()
+    # GPU samples (NVML, or a recording) inside the window, every device of every node.
+    devices: tuple[DeviceSample, ...] = ()
     # Total steps seen per rank over the whole run, not only the window (for the report).
     total_steps: dict[int, int] = field(default_factory=dict)
 
@@ -82,13 +84,20 @@ class SampleStore:
     """
 
     def __init__(
-        self, job: str = "", *, max_steps_per_rank: int = 20_000, max_cpu_per_rank: int = 3_600
+        self,
+        job: str = "",
+        *,
+        max_steps_per_rank: int = 20_000,
+        max_cpu_per_rank: int = 3_600,
+        on_add: Callable[[Batch], None] | None = None,
     ) -> None:
         self.job = job
+        self._on_add = on_add  # e.g. a recording writer that keeps everything the store drops
         self._infos: dict[int, RankInfo] = {}
         self._steps: dict[int, deque[StepSample]] = {}
         self._cpu: dict[int, deque[ProcessCpu]] = {}
         self._nodes: deque[NodeCpu] = deque(maxlen=max_cpu_per_rank)
+        self._devices: dict[str, deque[DeviceSample]] = {}
         self._ended: set[int] = set()
         self._total: dict[int, int] = {}
         self._max_steps = max_steps_per_rank
@@ -103,7 +112,11 @@ class SampleStore:
         for c in batch.processes:
             self._cpu.setdefault(c.rank, deque(maxlen=self._max_cpu)).append(c)
         self._nodes.extend(batch.nodes)
+        for d in batch.devices:
+            self._devices.setdefault(d.uuid, deque(maxlen=self._max_cpu)).append(d)
         self._ended.update(batch.ended)
+        if self._on_add is not None:
+            self._on_add(batch)
 
     def add_all(self, batches: Iterable[Batch]) -> None:
         for b in batches:
@@ -128,6 +141,7 @@ class SampleStore:
         """The newest sample time seen, the natural "now" for replayed data."""
         times = [d[-1].time for d in self._steps.values() if d]
         times += [d[-1].time for d in self._cpu.values() if d]
+        times += [d[-1].time for d in self._devices.values() if d]
         return max(times) if times else None
 
     def first_time(self) -> float | None:
@@ -148,6 +162,7 @@ class SampleStore:
             cpu = tuple(c for c in self._cpu.get(rank, ()) if keep(c.time))
             views.append(RankView(info=info, steps=steps, cpu=cpu, ended=rank in self._ended))
         nodes = tuple(n for n in self._nodes if keep(n.time))
+        devices = tuple(d for q in self._devices.values() for d in q if keep(d.time))
         first = self.first_time()
         lo = start if window_s is not None else (first if first is not None else now)
         return Snapshot(
@@ -156,5 +171,6 @@ class SampleStore:
             end=now,
             ranks=tuple(views),
             nodes=nodes,
+            devices=devices,
             total_steps=self.total_steps(),
         )
