@@ -23,6 +23,8 @@ from typing import Any
 
 import psutil
 
+from auditor.cluster.launcher import end_processes
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 EXAMPLES = os.path.join(REPO, "examples")
@@ -187,18 +189,7 @@ def leftovers(grace_s: float = 5.0) -> list[str]:
             break
         time.sleep(0.25)
     found = [describe(p) for p in procs]
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=3)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=3)
+    end_processes(procs, 3)
     _reap_zombies()
     return found
 

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 
 import psutil
@@ -124,25 +123,24 @@ def reap_descendants(grace_s: float = 3.0, *, exclude: Sequence[int] = ()) -> li
     procs = [p for p in descendants() if p.pid not in set(exclude)]
     if not procs:
         return []
+    end_processes(procs, grace_s)
+    # Children re-parented to us while we waited (grandchildren of those we ended).
+    late = [p for p in descendants() if p.pid not in set(exclude)]
+    end_processes(late, 0)
+    return [p.pid for p in procs + late]
+
+
+def end_processes(procs: Sequence[psutil.Process], grace_s: float) -> None:
+    """SIGTERM each, SIGKILL what is still there after ``grace_s``, and reap them."""
     for p in procs:
         try:
-            p.terminate()
+            p.terminate() if grace_s > 0 else p.kill()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s or 2)
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=2)
-    # Children re-parented to us while we waited (grandchildren of those we ended).
-    late = [p for p in descendants() if p.pid not in set(exclude)]
-    for p in late:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(late, timeout=2)
-    time.sleep(0)  # let the kernel finish reaping
-    return [p.pid for p in procs + late]
