@@ -75,6 +75,10 @@ class Snapshot:
         return out
 
 
+# Steps of each rank that the live and replayed verdicts skip (see SampleStore.warmup_steps).
+WARMUP_STEPS = 5
+
+
 class SampleStore:
     """Accumulates :class:`Batch` deliveries and cuts :class:`Snapshot` windows.
 
@@ -90,9 +94,13 @@ class SampleStore:
         max_steps_per_rank: int = 20_000,
         max_cpu_per_rank: int = 3_600,
         on_add: Callable[[Batch], None] | None = None,
+        warmup_steps: int = 0,
     ) -> None:
         self.job = job
         self._on_add = on_add  # e.g. a recording writer that keeps everything the store drops
+        # A rank's first steps start DataLoader workers, warm caches and allocators: they say
+        # nothing about the steady state, and judging them raised false alarms at start-up.
+        self.warmup_steps = warmup_steps
         self._infos: dict[int, RankInfo] = {}
         self._steps: dict[int, deque[StepSample]] = {}
         self._cpu: dict[int, deque[ProcessCpu]] = {}
@@ -158,7 +166,9 @@ class SampleStore:
         views = []
         for rank in self.ranks:
             info = self._infos.get(rank) or RankInfo(rank=rank, world_size=0)
-            steps = tuple(s for s in self._steps.get(rank, ()) if keep(s.time))
+            steps = tuple(
+                s for s in self._steps.get(rank, ()) if keep(s.time) and s.step >= self.warmup_steps
+            )
             cpu = tuple(c for c in self._cpu.get(rank, ()) if keep(c.time))
             views.append(RankView(info=info, steps=steps, cpu=cpu, ended=rank in self._ended))
         nodes = tuple(n for n in self._nodes if keep(n.time))

@@ -1,6 +1,11 @@
 """Per-rank metrics computed once per snapshot; the rules decide on these.
 
 Medians, not means: on a shared machine a single descheduled step must not move a verdict.
+Step figures are medians weighted by step duration: a job's cost is wall time, so 200 slow
+steps that took 30 s outweigh 250 fast ones that took 7 s (an unweighted median would call
+that job fast, and a fault that started midway would vanish from the verdict). A step's weight
+is capped at ``WEIGHT_CAP`` times the plain median step, so one long stall (a checkpoint save,
+an evaluation) counts like a few slow steps and never decides alone.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from auditor.samples import LoaderConfig
+from auditor.samples import LoaderConfig, StepSample
 
 if TYPE_CHECKING:
     from .snapshot import RankView
@@ -87,6 +92,32 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The value at half of the total weight (lower median on an exact tie); 0.0 when empty."""
+    pairs = sorted((v, w) for v, w in zip(values, weights, strict=True) if w > 0)
+    if not pairs:
+        return median(values)
+    half = sum(w for _, w in pairs) / 2
+    acc = 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= half:
+            return float(v)
+    return float(pairs[-1][0])
+
+
+WEIGHT_CAP = 5.0
+
+
+def _wmed(steps: Sequence[StepSample], field: str, cap: float) -> float | None:
+    pairs = [
+        (getattr(s, field), min(s.step_s, cap)) for s in steps if getattr(s, field) is not None
+    ]
+    if not pairs:
+        return None
+    return weighted_median([p[0] for p in pairs], [p[1] for p in pairs])
+
+
 def median_or_none(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return float(statistics.median(present)) if present else None
@@ -94,6 +125,7 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
 
 def rank_stats(view: RankView) -> RankStats:
     steps = view.steps
+    cap = WEIGHT_CAP * median([s.step_s for s in steps]) if steps else 0.0
     cpu = view.cpu
     main = [c.main_cpu for c in cpu if c.main_cpu is not None]
     workers = [c.worker_cpu_total for c in cpu if c.workers]
@@ -102,15 +134,15 @@ def rank_stats(view: RankView) -> RankStats:
         host=view.info.host,
         device=view.info.device,
         steps=len(steps),
-        step_s=median([s.step_s for s in steps]),
-        data_wait_s=median([s.data_wait_s for s in steps]),
-        h2d_s=median([s.h2d_s for s in steps]),
-        forward_s=median([s.forward_s for s in steps]),
-        backward_s=median([s.backward_s for s in steps]),
-        optimizer_s=median([s.optimizer_s for s in steps]),
-        collective_wait_s=median_or_none([s.collective_wait_s for s in steps]),
-        compute_s=median([s.compute_s for s in steps]),
-        batch_size=median_or_none([s.batch_size for s in steps]),
+        step_s=_wmed(steps, "step_s", cap) or 0.0,
+        data_wait_s=_wmed(steps, "data_wait_s", cap) or 0.0,
+        h2d_s=_wmed(steps, "h2d_s", cap) or 0.0,
+        forward_s=_wmed(steps, "forward_s", cap) or 0.0,
+        backward_s=_wmed(steps, "backward_s", cap) or 0.0,
+        optimizer_s=_wmed(steps, "optimizer_s", cap) or 0.0,
+        collective_wait_s=_wmed(steps, "collective_wait_s", cap),
+        compute_s=_wmed(steps, "compute_s", cap) or 0.0,
+        batch_size=_wmed(steps, "batch_size", cap),
         main_cpu=statistics.fmean(main) if main else None,
         # Mean worker CPU over samples that saw workers; None if never seen.
         worker_cpu=statistics.fmean(workers) if workers else None,

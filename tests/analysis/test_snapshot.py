@@ -222,8 +222,35 @@ def test_stats_use_medians_so_one_stalled_step_does_not_count() -> None:
         store.add(Batch(steps=(_step(0, float(t), step_s=step_s, data_wait_s=0.01),)))
     stats = store.snapshot(now=11.0, window_s=None).stats[0]
     assert stats.steps == 11
-    assert stats.step_s == pytest.approx(0.101)
-    assert stats.data_wait_ratio == pytest.approx(0.01 / 0.101)
+    # Duration-weighted, with the 10 s stall's weight capped at 5x the plain median step.
+    assert stats.step_s == pytest.approx(0.101, abs=0.0015)
+    assert stats.data_wait_ratio == pytest.approx(0.01 / stats.step_s)
+
+
+def test_stats_weigh_steps_by_duration_so_a_fault_midway_is_not_outvoted() -> None:
+    # 250 fast steps (28 ms, 7 s in all) then 200 starved ones (140 ms, 28 s in all): more of
+    # the steps are fast, but most of the time is starved, and the verdict must say so.
+    store = SampleStore()
+    store.add(Batch(infos=(RankInfo(rank=0, world_size=1),)))
+    t = 0.0
+    for i in range(450):
+        slow = i >= 250
+        step_s, wait = (0.140, 0.115) if slow else (0.028, 0.002)
+        t += step_s
+        store.add(Batch(steps=(_step(0, t, step_s=step_s, data_wait_s=wait),)))
+    stats = store.snapshot(now=t, window_s=None).stats[0]
+    assert stats.step_s == pytest.approx(0.140)
+    assert stats.data_wait_s == pytest.approx(0.115)
+
+
+def test_warmup_steps_are_left_out_of_the_snapshot() -> None:
+    store = SampleStore(warmup_steps=5)
+    store.add(Batch(infos=(RankInfo(rank=0, world_size=1),)))
+    for i in range(12):
+        store.add(Batch(steps=(StepSample(rank=0, step=i, time=float(i + 1), step_s=0.1),)))
+    snap = store.snapshot(now=12.0, window_s=None)
+    assert [s.step for s in snap.ranks[0].steps] == list(range(5, 12))
+    assert snap.total_steps[0] == 12  # the run's count still includes them
 
 
 def test_rank_stats_from_constructed_job() -> None:
