@@ -1,19 +1,40 @@
 """``auditor``: the command line. ``main(argv) -> int``; errors are one clear line and exit 2.
 
 auditor run [options] -- COMMAND...     audit a training job (normally torchrun ... train.py)
+auditor fleet --address ADDR [options]  agents and GPU monitors on every node of a Ray cluster
+auditor doctor [--json]                 check what this machine can measure
 auditor probe-path                      the folder to put on PYTHONPATH to opt a job in
+auditor analyze RECORDING               the verdict of a recorded run (--json, --html)
+auditor report RECORDING --html PATH    a self-contained HTML report of a recording or report
+auditor compare BEFORE AFTER            two runs side by side: findings gone, measured speed-up
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from types import FrameType
+from typing import NoReturn, TextIO
 
 from . import __version__
-from .config import RUN_OPTIONS, ConfigError, add_options, run_config
+from .config import (
+    DOCTOR_OPTIONS,
+    FLEET_OPTIONS,
+    RUN_OPTIONS,
+    ConfigError,
+    FleetConfig,
+    add_options,
+    fleet_config,
+    resolve,
+    run_config,
+)
+from .report.commands import add_subcommands as add_report_commands
+from .report.commands import dispatch as dispatch_report_command
 
 
 class UsageError(Exception):
@@ -37,9 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
         "every rank; print a live per-rank table and a verdict with per-rank fixes.",
     )
     add_options(run, RUN_OPTIONS)
+    fleet = sub.add_parser(
+        "fleet",
+        help="run a node agent and GPU monitors on every node of a Ray cluster",
+        description="Start a NodeAgent (Prometheus endpoint) and one GpuMonitor per GPU on every "
+        "alive node of the Ray cluster at --address, follow nodes joining and leaving, keep a "
+        "Prometheus file-SD list of the endpoints; runs until SIGINT/SIGTERM, then removes them.",
+    )
+    add_options(fleet, FLEET_OPTIONS)
+    doctor = sub.add_parser(
+        "doctor",
+        help="check NVML, Ray, Prometheus and the probe on this machine",
+        description="Check what the auditor can measure here and say what is missing.",
+    )
+    add_options(doctor, DOCTOR_OPTIONS)
     sub.add_parser(
         "probe-path", help="print the folder that opts a job into the probe via PYTHONPATH"
     )
+    add_report_commands(sub)
     return parser
 
 
@@ -56,6 +92,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(
                 "missing command: try 'auditor run -- torchrun train.py' or 'auditor --help'"
             )
+        if ns.cmd == "fleet":
+            if command:
+                raise UsageError("auditor fleet takes no command after --")
+            return run_fleet(fleet_config(ns, os.environ))
+        if ns.cmd == "doctor":
+            if command:
+                raise UsageError("auditor doctor takes no command after --")
+            values = resolve(ns, DOCTOR_OPTIONS, os.environ)
+            from .doctor import main as doctor_main
+
+            return doctor_main(
+                json_output=bool(values["json"]), prometheus_url=values["prometheus_url"]
+            )
         if ns.cmd == "probe-path":
             from .session import BOOT_DIR
 
@@ -70,10 +119,67 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run(cfg)
             except LaunchError as exc:
                 raise UsageError(str(exc)) from None
+        code = dispatch_report_command(ns)
+        if code is not None:
+            return code
         raise UsageError(f"unknown command: {ns.cmd}")
     except (UsageError, ConfigError) as exc:
         print(f"auditor: error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_fleet(cfg: FleetConfig, *, out: TextIO | None = None) -> int:
+    """``auditor fleet``: deploy on every node, follow the cluster until SIGINT/SIGTERM, then
+    remove every actor and empty the SD file."""
+    out = out or sys.stderr
+    import ray
+
+    from .cluster.fleet import Fleet
+
+    logging.basicConfig(level=logging.INFO, format="auditor: %(message)s")
+    ray.init(
+        address=cfg.address,
+        namespace="auditor",
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
+    done = threading.Event()
+    received: list[int] = []
+
+    def handle(sig: int, frame: FrameType | None) -> None:
+        received.append(sig)
+        done.set()
+
+    # After ray.init, which installs a SIGTERM handler of its own.
+    old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    fleet = Fleet(
+        device_source=cfg.device_source,
+        sd_file=cfg.sd_file,
+        metrics_host=cfg.metrics_host,
+        metrics_port_base=cfg.metrics_port_base,
+        sample_interval_s=cfg.sample_interval,
+        watch_interval_s=cfg.watch_interval,
+    )
+    try:
+        fleet.start()
+        for d in sorted(fleet.deployments().values(), key=lambda d: d.name):
+            print(
+                f"auditor: {d.name}: {len(d.monitors)} GPU monitor(s), metrics {d.metrics_url}",
+                file=out,
+                flush=True,
+            )
+        if cfg.sd_file:
+            print(f"auditor: service discovery file {cfg.sd_file}", file=out, flush=True)
+        print("auditor: fleet running; Ctrl-C to stop", file=out, flush=True)
+        while not done.wait(1.0):
+            pass
+    finally:
+        fleet.stop()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        ray.shutdown()
+    print(f"auditor: fleet stopped ({len(received)} signal(s))", file=out, flush=True)
+    return 0
 
 
 def main_entry() -> NoReturn:

@@ -52,6 +52,22 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def device_source(text: str) -> str:
+    """``nvml`` or ``recorded:<path>`` (the file must exist here; with ``auditor fleet`` it must
+    also exist at that path on every node)."""
+    spec = text.strip()
+    if spec == "nvml":
+        return spec
+    if spec.startswith("recorded:"):
+        path = spec[len("recorded:") :].strip()
+        if not path:
+            raise ValueError("recorded: needs a file, e.g. recorded:/data/gpus.jsonl")
+        if not os.path.isfile(path):
+            raise ValueError(f"recording not found: {path}")
+        return "recorded:" + os.path.abspath(path)
+    raise ValueError(f"expected 'nvml' or 'recorded:<path>', got {text!r}")
+
+
 def _bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -64,6 +80,7 @@ def _bool(text: str) -> bool:
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("--report", "report", "write the JSON report here (also when the job fails)"),
     Option("--record", "record", "write every sample seen to this recording (JSON lines)"),
+    Option("--html", "html", "write a self-contained HTML report here"),
     Option(
         "--metrics-port",
         "metrics_port",
@@ -74,6 +91,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "--metrics-host", "metrics_host", "address the metrics endpoint binds", str, "127.0.0.1"
     ),
     Option("--address", "address", "join this Ray cluster instead of starting a local one"),
+    Option(
+        "--device-source",
+        "device_source",
+        "where GPU samples come from: nvml, or recorded:PATH (a recording to replay)",
+        device_source,
+        "nvml",
+    ),
     Option("--window", "window", "seconds of samples each live verdict looks at", _positive, 10.0),
     Option(
         "--live-interval",
@@ -112,9 +136,11 @@ class RunConfig:
     command: tuple[str, ...]
     report: str | None = None
     record: str | None = None
+    html: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     address: str | None = None
+    device_source: str = "nvml"
     window: float = 10.0
     live_interval: float = 1.0
     job: str | None = None
@@ -132,6 +158,72 @@ class RunConfig:
             return self.job
         script = next((a for a in self.command[1:] if a.endswith(".py")), self.command[0])
         return os.path.splitext(os.path.basename(script))[0]
+
+
+FLEET_OPTIONS: tuple[Option, ...] = (
+    Option("--address", "address", "the Ray cluster to run on (e.g. 10.0.0.1:6379, or auto)"),
+    Option(
+        "--device-source",
+        "device_source",
+        "where GPU samples come from on every node: nvml, or recorded:PATH (a recording whose "
+        "node fields name the Ray nodes' auditor_node:<name> resources)",
+        device_source,
+        "nvml",
+    ),
+    Option(
+        "--sd-file",
+        "sd_file",
+        "write the Prometheus file-service-discovery JSON of every node's endpoint here",
+    ),
+    Option(
+        "--metrics-host",
+        "metrics_host",
+        "address each node's metrics endpoint binds (0.0.0.0: every interface, SD lists node IPs)",
+        str,
+        "127.0.0.1",
+    ),
+    Option(
+        "--metrics-port-base",
+        "metrics_port_base",
+        "first port each node's endpoint tries (0: any free port)",
+        _port,
+        0,
+    ),
+    Option(
+        "--sample-interval",
+        "sample_interval",
+        "seconds between GPU and host samples",
+        _positive,
+        1.0,
+    ),
+    Option(
+        "--watch-interval",
+        "watch_interval",
+        "seconds between checks for nodes that joined or left",
+        _positive,
+        5.0,
+    ),
+)
+
+DOCTOR_OPTIONS: tuple[Option, ...] = (
+    Option("--json", "json", "print the checks as JSON", _bool, False, True),
+    Option(
+        "--prometheus-url",
+        "prometheus_url",
+        "also check this Prometheus server (e.g. http://127.0.0.1:9090)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    address: str
+    device_source: str = "nvml"
+    sd_file: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port_base: int = 0
+    sample_interval: float = 1.0
+    watch_interval: float = 5.0
 
 
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
@@ -195,3 +287,10 @@ def run_config(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str,
     values = resolve(ns, RUN_OPTIONS, env)
     overrides = parse_overrides(values.get("set"))
     return RunConfig(command=tuple(command), overrides=overrides, **values)
+
+
+def fleet_config(ns: argparse.Namespace, env: Mapping[str, str]) -> FleetConfig:
+    values = resolve(ns, FLEET_OPTIONS, env)
+    if not values.get("address"):
+        raise ConfigError("--address is required: the Ray cluster to run the fleet on")
+    return FleetConfig(**values)

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.snapshot import WARMUP_STEPS
 from auditor.cluster.launcher import (
     Child,
     LaunchError,
@@ -102,7 +103,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         if cfg.record
         else None
     )
-    store = SampleStore(job, on_add=recorder.write if recorder else None)
+    store = SampleStore(job, on_add=recorder.write if recorder else None, warmup_steps=WARMUP_STEPS)
     findings: list[Finding] = []
     try:
         child.start()
@@ -110,6 +111,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             agent, note = start_agent(
                 use_ray=not cfg.no_ray,
                 address=cfg.address,
+                device_source=cfg.device_source,
                 # The embedded Ray's sessions live in this run's folder and go with it.
                 temp_dir=cfg.ray_temp_dir or os.path.join(rundir, "ray"),
                 job=job,
@@ -166,6 +168,13 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     try:
         if cfg.report:
             write_report(cfg.report, report)
+        if cfg.html:
+            try:
+                from auditor.report.html import write_html_for_run
+
+                write_html_for_run(cfg.html, report, store)
+            except Exception as exc:  # the verdict and the JSON report matter more
+                print(f"auditor: could not write the HTML report: {exc}", file=out)
     finally:
         if recorder is not None:
             recorder.close()

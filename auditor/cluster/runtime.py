@@ -1,8 +1,11 @@
 """Ray for ``auditor run``: an embedded local Ray by default, or an existing cluster (--address).
 
-The node agent runs as a Ray actor pinned to the driver's node (node affinity, ``num_cpus=0``).
-If Ray cannot start, the same agent runs inside the auditor's own process (``InProcessAgent``)
-so the job is still audited; the report notes it.
+The node agent runs as a Ray actor pinned to the driver's node (node affinity, ``num_cpus=0``),
+with one ``GpuMonitor`` actor per GPU of that node (see :mod:`auditor.cluster.monitor`): the GPUs
+are discovered here, in the driver, with the run's device source (``--device-source``; ``nvml``
+on a machine without NVIDIA driver finds none and starts no monitor). If Ray cannot start, the
+same agent and monitors run inside the auditor's own process (``InProcessAgent``) so the job is
+still audited; the report notes it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any, Protocol
 from auditor.samples import Batch
 
 from .agent import NodeAgentCore, ray_actor_class
+from .monitor import GpuMonitorCore, discover_devices, start_monitor
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +31,37 @@ class AgentHandle(Protocol):
     def stop(self) -> None: ...
 
 
-class InProcessAgent:
-    """The node agent in this process: for ``--no-ray`` and as the fallback when Ray fails."""
+def _discover(spec: str, node: str) -> list[Any]:
+    """This node's GPUs for ``spec``; none (logged) when the source cannot be read."""
+    try:
+        gpus, note = discover_devices(spec, node)
+    except Exception as exc:
+        log.warning("auditor: device source %r unusable: %s", spec, exc)
+        return []
+    if note:
+        log.info("auditor: %s", note)
+    return list(gpus)
 
-    def __init__(self, **agent_kwargs: Any) -> None:
+
+class InProcessAgent:
+    """The node agent in this process: for ``--no-ray`` and as the fallback when Ray fails.
+
+    Its GPU monitors are :class:`GpuMonitorCore` threads in this process too."""
+
+    def __init__(self, *, device_source: str = "nvml", **agent_kwargs: Any) -> None:
         self.core = NodeAgentCore(**agent_kwargs)
         self._address = self.core.start()
+        self.monitors: dict[str, GpuMonitorCore] = {}
+        gpus = _discover(device_source, self.core.node)
+        for g in gpus:
+            try:
+                self.monitors[g.uuid] = GpuMonitorCore(
+                    source_spec=device_source, node=self.core.node, uuid=g.uuid
+                )
+            except Exception as exc:
+                log.warning("auditor: no monitor for GPU %s: %s", g.uuid, exc)
+        if gpus:
+            self.core.attach_gpus(gpus, self.monitors)
 
     def drain(self) -> Batch:
         return self.core.drain()
@@ -45,6 +74,8 @@ class InProcessAgent:
 
     def stop(self) -> None:
         self.core.stop()
+        for monitor in self.monitors.values():
+            monitor.stop()
 
 
 class RayAgent:
@@ -55,6 +86,7 @@ class RayAgent:
         *,
         address: str | None,
         temp_dir: str | None,
+        device_source: str = "nvml",
         call_timeout_s: float = 30.0,
         **agent_kwargs: Any,
     ) -> None:
@@ -87,12 +119,27 @@ class RayAgent:
                     namespace="auditor",
                 )
                 self._owns_ray = True
+        from .fleet import this_node_name
+
         node_id = ray.get_runtime_context().get_node_id()
+        # The node's auditor name (its auditor_node:<name> resource, else the hostname): the
+        # node label, and the node whose samples a recorded device source replays.
+        if not agent_kwargs.get("host"):
+            agent_kwargs["host"] = this_node_name()
+        node = str(agent_kwargs["host"])
         actor_cls = ray_actor_class()
         self._actor = actor_cls.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(**agent_kwargs)
+        self.monitors: dict[str, Any] = {}
+        gpus = _discover(device_source, node)
+        for g in gpus:
+            self.monitors[g.uuid] = start_monitor(
+                node_id, source_spec=device_source, node=node, uuid=g.uuid
+            )
         self._address = ray.get(self._actor.start.remote(), timeout=self._timeout)
+        if gpus:
+            ray.get(self._actor.attach_gpus.remote(gpus, self.monitors), timeout=self._timeout)
 
     def drain(self) -> Batch:
         result: Batch = self._ray.get(self._actor.drain.remote(), timeout=self._timeout)
@@ -110,22 +157,32 @@ class RayAgent:
             ray.get(self._actor.stop.remote(), timeout=5)
         except Exception:
             pass
-        try:
-            ray.kill(self._actor)
-        except Exception:
-            pass
+        for handle in [self._actor, *self.monitors.values()]:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:
+                pass
         if ray.is_initialized():
             ray.shutdown()
 
 
 def start_agent(
-    *, use_ray: bool, address: str | None, temp_dir: str | None, **agent_kwargs: Any
+    *,
+    use_ray: bool,
+    address: str | None,
+    temp_dir: str | None,
+    device_source: str = "nvml",
+    **agent_kwargs: Any,
 ) -> tuple[AgentHandle, str | None]:
-    """The agent for this run, and a note when it had to fall back to running in-process."""
+    """The agent (and GPU monitors) for this run, and a note when it had to fall back to
+    running in-process."""
     if not use_ray:
-        return InProcessAgent(**agent_kwargs), None
+        return InProcessAgent(device_source=device_source, **agent_kwargs), None
     try:
-        return RayAgent(address=address, temp_dir=temp_dir, **agent_kwargs), None
+        agent = RayAgent(
+            address=address, temp_dir=temp_dir, device_source=device_source, **agent_kwargs
+        )
+        return agent, None
     except Exception as exc:
         if address:
             raise
@@ -137,4 +194,4 @@ def start_agent(
         except Exception:
             pass
         note = f"Ray could not start ({type(exc).__name__}: {exc}); the node agent ran in-process"
-        return InProcessAgent(**agent_kwargs), note
+        return InProcessAgent(device_source=device_source, **agent_kwargs), note

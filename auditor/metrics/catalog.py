@@ -4,8 +4,10 @@ and the alert rules, so a name, a unit or a label set is defined exactly once.
 Conventions (DESIGN.md): prefix ``auditor_``; base units in the name (``_seconds``, ``_bytes``,
 ``_ratio`` in 0..1, ``_cores`` for CPU); counters end in ``_total`` here (the exporter strips it
 for prometheus_client, which appends it again). Every rank and node metric carries ``job`` and
-``node``; rank metrics also ``rank`` and ``local_rank``. A value that was not measured is exported
-as no series at all, never as zero.
+``node``; rank metrics also ``rank`` and ``local_rank``. GPU metrics carry ``node``, ``gpu`` (the
+NVML index), ``uuid`` and ``model``, plus ``job`` and ``rank`` of the rank that owns the GPU (both
+empty when no rank of a known job uses it). A value that was not measured is exported as no series
+at all, never as zero.
 """
 
 from __future__ import annotations
@@ -24,6 +26,22 @@ PREFIX = "auditor_"
 # dashboards and alert rules a fixed list to iterate over.
 MEMORY_KINDS = ("rss", "allocated", "reserved", "peak")
 CPU_PROCESSES = ("main", "workers")
+# NVML clock-event (throttle) reasons as ``auditor.telemetry.nvml`` decodes them, plus "other" for
+# a name outside this list (a newer driver, a recording): the series count per GPU stays bounded.
+THROTTLE_REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+    "board_limit",
+    "reliability",
+    "other",
+)
 
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "phase": PHASES,
@@ -31,13 +49,17 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "process": CPU_PROCESSES,
     "kind": KINDS,
     "severity": SEVERITIES,
+    "reason": THROTTLE_REASONS,
 }
 
-# The shared vocabulary (DESIGN.md) plus the specific labels above and the descriptive labels of
-# ``auditor_rank_info``. A label outside this set is a catalog bug.
+# The shared vocabulary (DESIGN.md) plus the specific labels above, the descriptive labels of
+# ``auditor_rank_info`` and the GPU's model name. A label outside this set is a catalog bug.
 COMMON_LABELS = ("job", "node", "rank", "local_rank", "gpu", "uuid")
 INFO_LABELS = ("device", "parallel_mode", "world_size")
-LABELS: frozenset[str] = frozenset(COMMON_LABELS + INFO_LABELS + tuple(LABEL_VALUES))
+GPU_INFO_LABELS = ("model",)
+LABELS: frozenset[str] = frozenset(
+    COMMON_LABELS + INFO_LABELS + GPU_INFO_LABELS + tuple(LABEL_VALUES)
+)
 
 # Units a metric may declare, and the name suffix each one requires ("" = dimensionless count).
 UNIT_SUFFIX: dict[str, str] = {
@@ -45,6 +67,9 @@ UNIT_SUFFIX: dict[str, str] = {
     "bytes": "_bytes",
     "ratio": "_ratio",
     "cores": "_cores",
+    "hertz": "_hertz",
+    "watts": "_watts",
+    "celsius": "_celsius",
     "samples": "",
     "": "",
 }
@@ -52,9 +77,13 @@ UNIT_SUFFIX: dict[str, str] = {
 # The most series the ``auditor_rank_*`` metrics may produce for one rank: keeps a 1000-rank job
 # at a size Prometheus takes without thought.
 RANK_SERIES_BUDGET = 30
+# The most series the ``auditor_gpu_*`` metrics may produce for one GPU.
+GPU_SERIES_BUDGET = 40
 
 RANK = ("job", "node", "rank", "local_rank")
 NODE = ("job", "node")
+# Identity first (stable for the GPU's life), then the owning rank's job and rank ("" if none).
+GPU = ("node", "gpu", "uuid", "model", "job", "rank")
 
 
 @dataclass(frozen=True)
@@ -193,6 +222,154 @@ NODE_LOAD1 = MetricSpec(
     labels=NODE,
 )
 
+# --- per GPU (NVML through a GpuMonitor actor; one set per physical GPU) -------------------------
+# While a GPU's monitor is unreachable (restarting, or its answer timed out) only auditor_gpu_up 0
+# and auditor_gpu_last_sample_timestamp_seconds are exported for it: stale values are not shown as
+# current, and a missing GPU never reads as an idle one.
+GPU_UP = MetricSpec(
+    name="auditor_gpu_up",
+    type="gauge",
+    unit="",
+    help="1 while the GPU's monitor answers with samples, 0 while it is unreachable or restarting.",
+    labels=GPU,
+)
+GPU_LAST_SAMPLE_TIMESTAMP_SECONDS = MetricSpec(
+    name="auditor_gpu_last_sample_timestamp_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Wall-clock time (seconds since the epoch) of the GPU's latest sample; it stops "
+    "advancing while the monitor is down.",
+    labels=GPU,
+)
+GPU_LOST = MetricSpec(
+    name="auditor_gpu_lost",
+    type="gauge",
+    unit="",
+    help="1 when NVML reports the GPU lost (fallen off the bus); its other values are then absent.",
+    labels=GPU,
+)
+GPU_UTILIZATION_RATIO = MetricSpec(
+    name="auditor_gpu_utilization_ratio",
+    type="gauge",
+    unit="ratio",
+    help="Fraction of the last sample period in which a kernel ran on the GPU (NVML), 0..1.",
+    labels=GPU,
+)
+GPU_MEMORY_UTILIZATION_RATIO = MetricSpec(
+    name="auditor_gpu_memory_utilization_ratio",
+    type="gauge",
+    unit="ratio",
+    help="Fraction of the last sample period in which device memory was read or written (NVML "
+    "memory controller activity, not capacity), 0..1.",
+    labels=GPU,
+)
+GPU_MEMORY_USED_BYTES = MetricSpec(
+    name="auditor_gpu_memory_used_bytes",
+    type="gauge",
+    unit="bytes",
+    help="Device memory in use (all processes).",
+    labels=GPU,
+)
+GPU_MEMORY_TOTAL_BYTES = MetricSpec(
+    name="auditor_gpu_memory_total_bytes",
+    type="gauge",
+    unit="bytes",
+    help="Device memory installed.",
+    labels=GPU,
+)
+GPU_SM_CLOCK_HERTZ = MetricSpec(
+    name="auditor_gpu_sm_clock_hertz",
+    type="gauge",
+    unit="hertz",
+    help="Current SM clock.",
+    labels=GPU,
+)
+GPU_SM_CLOCK_MAX_HERTZ = MetricSpec(
+    name="auditor_gpu_sm_clock_max_hertz",
+    type="gauge",
+    unit="hertz",
+    help="Maximum SM clock of the GPU.",
+    labels=GPU,
+)
+GPU_MEMORY_CLOCK_HERTZ = MetricSpec(
+    name="auditor_gpu_memory_clock_hertz",
+    type="gauge",
+    unit="hertz",
+    help="Current memory clock.",
+    labels=GPU,
+)
+GPU_MEMORY_CLOCK_MAX_HERTZ = MetricSpec(
+    name="auditor_gpu_memory_clock_max_hertz",
+    type="gauge",
+    unit="hertz",
+    help="Maximum memory clock of the GPU.",
+    labels=GPU,
+)
+GPU_THROTTLE_ACTIVE = MetricSpec(
+    name="auditor_gpu_throttle_active",
+    type="gauge",
+    unit="",
+    help="1 while the clock-event (throttle) reason is active, 0 while it is not; no series where "
+    "the driver does not report reasons. reason=other: a reason outside the fixed list.",
+    labels=(*GPU, "reason"),
+)
+GPU_POWER_WATTS = MetricSpec(
+    name="auditor_gpu_power_watts",
+    type="gauge",
+    unit="watts",
+    help="Power draw of the GPU.",
+    labels=GPU,
+)
+GPU_POWER_LIMIT_WATTS = MetricSpec(
+    name="auditor_gpu_power_limit_watts",
+    type="gauge",
+    unit="watts",
+    help="Power limit the GPU enforces.",
+    labels=GPU,
+)
+GPU_TEMPERATURE_CELSIUS = MetricSpec(
+    name="auditor_gpu_temperature_celsius",
+    type="gauge",
+    unit="celsius",
+    help="GPU core temperature.",
+    labels=GPU,
+)
+GPU_PCIE_LINK_GENERATION = MetricSpec(
+    name="auditor_gpu_pcie_link_generation",
+    type="gauge",
+    unit="",
+    help="Current PCIe link generation (it drops at idle on some GPUs).",
+    labels=GPU,
+)
+GPU_PCIE_LINK_GENERATION_MAX = MetricSpec(
+    name="auditor_gpu_pcie_link_generation_max",
+    type="gauge",
+    unit="",
+    help="Maximum PCIe link generation of the GPU and its slot.",
+    labels=GPU,
+)
+GPU_PCIE_LINK_WIDTH = MetricSpec(
+    name="auditor_gpu_pcie_link_width",
+    type="gauge",
+    unit="",
+    help="Current PCIe link width (lanes).",
+    labels=GPU,
+)
+GPU_PCIE_LINK_WIDTH_MAX = MetricSpec(
+    name="auditor_gpu_pcie_link_width_max",
+    type="gauge",
+    unit="",
+    help="Maximum PCIe link width (lanes) of the GPU and its slot.",
+    labels=GPU,
+)
+GPU_PROCESSES = MetricSpec(
+    name="auditor_gpu_processes",
+    type="gauge",
+    unit="",
+    help="Processes holding memory on the GPU.",
+    labels=GPU,
+)
+
 # --- findings (one series per blamed rank; rank="" for a job-wide finding) ------------------------
 FINDING = MetricSpec(
     name="auditor_finding",
@@ -227,6 +404,26 @@ CATALOG: tuple[MetricSpec, ...] = (
     NODE_CPU_CORES,
     NODE_CPU_BUSY_CORES,
     NODE_LOAD1,
+    GPU_UP,
+    GPU_LAST_SAMPLE_TIMESTAMP_SECONDS,
+    GPU_LOST,
+    GPU_UTILIZATION_RATIO,
+    GPU_MEMORY_UTILIZATION_RATIO,
+    GPU_MEMORY_USED_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
+    GPU_SM_CLOCK_HERTZ,
+    GPU_SM_CLOCK_MAX_HERTZ,
+    GPU_MEMORY_CLOCK_HERTZ,
+    GPU_MEMORY_CLOCK_MAX_HERTZ,
+    GPU_THROTTLE_ACTIVE,
+    GPU_POWER_WATTS,
+    GPU_POWER_LIMIT_WATTS,
+    GPU_TEMPERATURE_CELSIUS,
+    GPU_PCIE_LINK_GENERATION,
+    GPU_PCIE_LINK_GENERATION_MAX,
+    GPU_PCIE_LINK_WIDTH,
+    GPU_PCIE_LINK_WIDTH_MAX,
+    GPU_PROCESSES,
     FINDING,
     FINDING_PREDICTED_SPEEDUP,
 )
@@ -247,8 +444,13 @@ def rank_specs() -> tuple[MetricSpec, ...]:
     return tuple(s for s in CATALOG if s.name.startswith(PREFIX + "rank_"))
 
 
+def gpu_specs() -> tuple[MetricSpec, ...]:
+    """The per-GPU metrics: the ones counted against :data:`GPU_SERIES_BUDGET`."""
+    return tuple(s for s in CATALOG if s.name.startswith(PREFIX + "gpu_"))
+
+
 def max_series(metric: MetricSpec) -> int:
-    """Most series ``metric`` yields for one rank/node: the product of its bounded labels."""
+    """Most series ``metric`` yields for one rank/node/GPU: the product of its bounded labels."""
     n = 1
     for label in metric.labels:
         if label in LABEL_VALUES:
@@ -259,3 +461,8 @@ def max_series(metric: MetricSpec) -> int:
 def series_per_rank() -> int:
     """Upper bound of the ``auditor_rank_*`` series one rank produces."""
     return sum(max_series(s) for s in rank_specs())
+
+
+def series_per_gpu() -> int:
+    """Upper bound of the ``auditor_gpu_*`` series one GPU produces (for one owner)."""
+    return sum(max_series(s) for s in gpu_specs())

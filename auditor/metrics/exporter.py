@@ -20,11 +20,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from auditor.samples import PHASES
+from auditor.samples import PHASES, DeviceSample, RankInfo
 
 from . import catalog as C
 from .catalog import MetricSpec
-from .state import ExportState
+from .state import ExportState, GpuStatus, gpu_owner
 
 StateFn = Callable[[], ExportState]
 
@@ -165,6 +165,11 @@ def render(state: ExportState) -> list[Metric]:
         out.add(C.NODE_CPU_BUSY_CORES, node, node_cpu.busy_cores)
         out.add(C.NODE_LOAD1, node, node_cpu.load1)
 
+    gpus = dict(state.gpus)
+    live_ranks = {r: i for r, i in infos.items() if r not in ended}
+    for uuid in sorted(gpus, key=lambda u: (gpus[u].index, u)):
+        _render_gpu(out, state, gpus[uuid], live_ranks)
+
     for finding in findings:
         # One series per blamed rank so dashboards can join on rank; rank="" when job-wide.
         blamed: tuple[int | None, ...] = finding.ranks or (None,)
@@ -191,6 +196,69 @@ def render(state: ExportState) -> list[Metric]:
                 )
 
     return list(out.families())
+
+
+_MHZ = 1e6  # NVML reports clocks in MHz; the metrics are in hertz.
+
+
+def _render_gpu(
+    out: _Series, state: ExportState, gpu: GpuStatus, ranks: dict[int, RankInfo]
+) -> None:
+    """One GPU's series. Down: only up=0 and the last sample's time; lost: no values."""
+    sample = gpu.sample
+    owner = gpu_owner(gpu, ranks)
+    labels = {
+        "node": state.node,
+        "gpu": str(gpu.index),
+        "uuid": gpu.uuid,
+        "model": gpu.model or (sample.model if sample is not None else ""),
+        "job": (owner.job or state.job) if owner is not None else "",
+        "rank": str(owner.rank) if owner is not None else "",
+    }
+    out.add(C.GPU_UP, labels, 1 if gpu.up and sample is not None else 0)
+    if sample is None:
+        return
+    out.add(C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS, labels, sample.time)
+    if not gpu.up:
+        return
+    out.add(C.GPU_LOST, labels, 1 if sample.lost else 0)
+    if sample.lost:
+        return
+    for metric, value in _gpu_values(sample):
+        if value is not None:
+            out.add(metric, labels, value)
+    if sample.throttle_reasons is not None:
+        active = set(sample.throttle_reasons)
+        known = set(C.THROTTLE_REASONS)
+        for reason in C.THROTTLE_REASONS:
+            on = bool(active - known) if reason == "other" else reason in active
+            out.add(C.GPU_THROTTLE_ACTIVE, {**labels, "reason": reason}, 1 if on else 0)
+    out.add(C.GPU_PROCESSES, labels, len(sample.processes))
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def _gpu_values(s: DeviceSample) -> list[tuple[MetricSpec, float | None]]:
+    """(metric, value in base units) of one sample; None where NVML gave nothing."""
+    return [
+        (C.GPU_UTILIZATION_RATIO, s.gpu_util),
+        (C.GPU_MEMORY_UTILIZATION_RATIO, s.mem_util),
+        (C.GPU_MEMORY_USED_BYTES, s.mem_used_bytes),
+        (C.GPU_MEMORY_TOTAL_BYTES, s.mem_total_bytes),
+        (C.GPU_SM_CLOCK_HERTZ, _scaled(s.sm_clock_mhz, _MHZ)),
+        (C.GPU_SM_CLOCK_MAX_HERTZ, _scaled(s.sm_clock_max_mhz, _MHZ)),
+        (C.GPU_MEMORY_CLOCK_HERTZ, _scaled(s.mem_clock_mhz, _MHZ)),
+        (C.GPU_MEMORY_CLOCK_MAX_HERTZ, _scaled(s.mem_clock_max_mhz, _MHZ)),
+        (C.GPU_POWER_WATTS, s.power_w),
+        (C.GPU_POWER_LIMIT_WATTS, s.power_limit_w),
+        (C.GPU_TEMPERATURE_CELSIUS, s.temperature_c),
+        (C.GPU_PCIE_LINK_GENERATION, s.pcie_gen),
+        (C.GPU_PCIE_LINK_GENERATION_MAX, s.pcie_gen_max),
+        (C.GPU_PCIE_LINK_WIDTH, s.pcie_width),
+        (C.GPU_PCIE_LINK_WIDTH_MAX, s.pcie_width_max),
+    ]
 
 
 class AuditorCollector(Collector):

@@ -7,10 +7,11 @@ so a scrape costs only the rendering and tests build a state by hand.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from auditor.analysis.findings import Finding
-from auditor.samples import PHASES, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import PHASES, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
 
 # StepSample field holding each phase's duration (collective_wait may be None: not measured).
 PHASE_FIELDS: dict[str, str] = {phase: f"{phase}_s" for phase in PHASES}
@@ -45,11 +46,28 @@ class RankTotals:
 
 
 @dataclass(frozen=True)
+class GpuStatus:
+    """One GPU as the node agent last saw it through its monitor.
+
+    ``sample`` is the latest sample received (None until the monitor's first one arrives);
+    ``up`` is whether the latest pull got an answer. While the monitor is down the last sample
+    is kept for its identity and timestamp only: its values are not exported as current.
+    """
+
+    index: int
+    uuid: str
+    model: str = ""
+    sample: DeviceSample | None = None
+    up: bool = False
+
+
+@dataclass(frozen=True)
 class ExportState:
     """Everything one exporter publishes: the ranks it knows, their totals, CPU and findings.
 
     ``cpu`` holds the latest :class:`ProcessCpu` per rank; ``ended`` the ranks whose connection
-    closed (exported as ``auditor_rank_up 0`` rather than dropped, so alerts can see the end).
+    closed (exported as ``auditor_rank_up 0`` rather than dropped, so alerts can see the end);
+    ``gpus`` the node's GPUs by UUID.
     Frozen so a published state is not swapped field by field; the owner may still update the
     containers in place (the collector copies each one before iterating it).
     """
@@ -62,3 +80,21 @@ class ExportState:
     node_cpu: NodeCpu | None = None
     ended: set[int] = field(default_factory=set)
     findings: list[Finding] = field(default_factory=list)
+    gpus: dict[str, GpuStatus] = field(default_factory=dict)
+
+
+def gpu_owner(gpu: GpuStatus, ranks: Mapping[int, RankInfo]) -> RankInfo | None:
+    """The rank that owns ``gpu`` (``ranks``: the live ranks on this node): the lowest rank that
+    names its UUID in ``device_uuids``; else the lowest rank that names no UUID at all and whose
+    process holds memory on it. A rank that named its GPUs does not own another GPU it merely
+    has a context on (the stray CUDA context on GPU 0 that many DDP scripts create)."""
+    for rank in sorted(ranks):
+        if gpu.uuid in ranks[rank].device_uuids:
+            return ranks[rank]
+    if gpu.sample is not None and gpu.sample.processes:
+        pids = {p.pid for p in gpu.sample.processes}
+        for rank in sorted(ranks):
+            info = ranks[rank]
+            if not info.device_uuids and info.pid and info.pid in pids:
+                return info
+    return None

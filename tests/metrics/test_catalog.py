@@ -10,6 +10,10 @@ from auditor.analysis.findings import KINDS, SEVERITIES
 from auditor.metrics import catalog as C
 from auditor.metrics.catalog import CATALOG, MetricSpec
 from auditor.samples import PHASES
+from auditor.telemetry.nvml import THROTTLE_REASONS
+
+# The reason names the NVML source decodes: the catalog's bounded list must cover them exactly.
+THROTTLE_NAMES = tuple(name for name, _, _ in THROTTLE_REASONS)
 
 NAMES = [s.name for s in CATALOG]
 
@@ -46,6 +50,26 @@ def test_required_metrics_are_present() -> None:
         "auditor_node_load1",
         "auditor_finding",
         "auditor_finding_predicted_speedup",
+        "auditor_gpu_utilization_ratio",
+        "auditor_gpu_memory_utilization_ratio",
+        "auditor_gpu_memory_used_bytes",
+        "auditor_gpu_memory_total_bytes",
+        "auditor_gpu_sm_clock_hertz",
+        "auditor_gpu_sm_clock_max_hertz",
+        "auditor_gpu_memory_clock_hertz",
+        "auditor_gpu_memory_clock_max_hertz",
+        "auditor_gpu_throttle_active",
+        "auditor_gpu_power_watts",
+        "auditor_gpu_power_limit_watts",
+        "auditor_gpu_temperature_celsius",
+        "auditor_gpu_pcie_link_generation",
+        "auditor_gpu_pcie_link_generation_max",
+        "auditor_gpu_pcie_link_width",
+        "auditor_gpu_pcie_link_width_max",
+        "auditor_gpu_processes",
+        "auditor_gpu_up",
+        "auditor_gpu_last_sample_timestamp_seconds",
+        "auditor_gpu_lost",
     }
     assert required <= set(NAMES)
 
@@ -94,6 +118,11 @@ def test_unit_matches_name_suffix(metric: MetricSpec) -> None:
         "_mib",
         "_gib",
         "_bits",
+        "_mhz",
+        "_megahertz",
+        "_milliwatts",
+        "_mw",
+        "_fahrenheit",
     ],
 )
 def test_no_non_base_units(bad: str) -> None:
@@ -114,6 +143,8 @@ def test_scope_labels(metric: MetricSpec) -> None:
         assert metric.labels[:4] == ("job", "node", "rank", "local_rank")
     elif metric.name.startswith("auditor_node_"):
         assert metric.labels[:2] == ("job", "node")
+    elif metric.name.startswith("auditor_gpu_"):
+        assert metric.labels[:6] == ("node", "gpu", "uuid", "model", "job", "rank")
     else:
         assert metric.name.startswith("auditor_finding")
         assert {"job", "kind", "rank"} <= set(metric.labels)
@@ -127,6 +158,7 @@ def test_scope_labels(metric: MetricSpec) -> None:
         ("process", ("main", "workers")),
         ("kind", KINDS),
         ("severity", SEVERITIES),
+        ("reason", (*THROTTLE_NAMES, "other")),
     ],
 )
 def test_bounded_label_values(label: str, values: tuple[str, ...]) -> None:
@@ -137,6 +169,18 @@ def test_series_per_rank_within_budget() -> None:
     assert C.series_per_rank() <= C.RANK_SERIES_BUDGET == 30
     # The budget covers every auditor_rank_* metric and nothing else.
     assert {s.name for s in C.rank_specs()} == {n for n in NAMES if n.startswith("auditor_rank_")}
+
+
+def test_series_per_gpu_within_budget() -> None:
+    assert C.series_per_gpu() <= C.GPU_SERIES_BUDGET == 40
+    assert {s.name for s in C.gpu_specs()} == {n for n in NAMES if n.startswith("auditor_gpu_")}
+    # Only throttle_active has a bounded label; every other GPU metric is one series per GPU.
+    assert C.series_per_gpu() == len(C.gpu_specs()) - 1 + len(C.THROTTLE_REASONS)
+
+
+@pytest.mark.parametrize("metric", C.gpu_specs(), ids=[s.name for s in C.gpu_specs()])
+def test_gpu_metrics_are_gauges(metric: MetricSpec) -> None:
+    assert metric.type == "gauge"
 
 
 def test_rank_info_shape() -> None:

@@ -17,6 +17,12 @@ from . import (
     compute_straggler,
     cpu_oversubscription,
     data_starvation,
+    dataparallel_gather,
+    hardware_straggler,
+    idle_device,
+    memory_headroom,
+    memory_imbalance,
+    memory_pressure,
     utilization_imbalance,
 )
 
@@ -28,10 +34,19 @@ class Rule(Protocol):
 
 
 # Causes first, symptoms last: utilization_imbalance links to the cause found before it.
+# hardware_straggler runs before compute_straggler (a slow GPU is the more specific cause);
+# dataparallel_gather before memory_imbalance (which skips the GPUs it already named);
+# memory_pressure before memory_headroom (which leaves the ranks pressure blamed to it).
 RULES: dict[str, Callable[..., list[Finding]]] = {
     "cpu_oversubscription": cpu_oversubscription.detect,
     "data_starvation": data_starvation.detect,
     "batch_split": batch_split.detect,
+    "hardware_straggler": hardware_straggler.detect,
     "compute_straggler": compute_straggler.detect,
+    "dataparallel_gather": dataparallel_gather.detect,
+    "memory_imbalance": memory_imbalance.detect,
+    "memory_pressure": memory_pressure.detect,
+    "memory_headroom": memory_headroom.detect,
+    "idle_device": idle_device.detect,
     "utilization_imbalance": utilization_imbalance.detect,
 }

@@ -11,18 +11,35 @@ are not the cause. Where no wait was measured at all, a rank's busy time include
 so only a cause finding can attribute the spread; without one the rule stays silent. The cause
 is the earlier finding that blames the same ranks (uneven batch, compute straggler, data
 starvation); its fixes and speed-up are carried over.
+
+GPU busy time: where NVML samples exist, the spread is also computed from each GPU's median
+utilisation (the job's GPUs: those its ranks own), so a DataParallel job, one process driving
+several GPUs, or a starved DDP rank whose GPU idles while its peers spin in the all-reduce, is
+seen too. NVML is only the trigger: it reads a rank waiting in an all-reduce as 100% busy, so the
+attribution stays with the rank timings above. When only the GPU spread is large, the ranks that
+wait least are blamed only if the waits really differ (by ``min_wait_gap`` of the step);
+otherwise only a cause can attribute it, and without one the rule stays silent.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from ..advisor import fmt_pct, predicted_speedup
+from ..devices import DeviceStats, device_stats, gpu_owners
 from ..findings import Finding, severity_for
 from ..snapshot import Snapshot
 from .common import peer_median, ranks_text, ready
 
-_CAUSES = ("batch_split", "compute_straggler", "data_starvation", "cpu_oversubscription")
+_CAUSES = (
+    "hardware_straggler",
+    "dataparallel_gather",
+    "batch_split",
+    "compute_straggler",
+    "data_starvation",
+    "cpu_oversubscription",
+)
 
 
 def detect(
@@ -31,23 +48,36 @@ def detect(
     prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_spread: float = 0.25,
+    min_samples: int = 5,
+    min_wait_gap: float = 0.05,
 ) -> list[Finding]:
     """Find a busy-time spread and attribute it.
 
     Args:
         min_steps: steps a rank needs in the window before it is judged.
-        min_spread: busiest minus least busy share of the step (0.25 = 25 points).
+        min_spread: busiest minus least busy share of the step (0.25 = 25 points), for ranks'
+            compute share and for GPUs' utilisation alike.
+        min_samples: NVML samples a GPU needs in the window before its utilisation counts.
+        min_wait_gap: when only the GPU spread is large, the waits must differ by this share of
+            the step before the least-waiting ranks are blamed.
     """
     stats = ready(snapshot.stats, min_steps)
-    if len(stats) < 2:
+    if not stats:
         return []
     busy = {r: s.busy_ratio for r, s in stats.items()}
-    spread = max(busy.values()) - min(busy.values())
-    if spread < min_spread:
+    spread = max(busy.values()) - min(busy.values()) if len(busy) >= 2 else 0.0
+    gpus = _job_gpus(snapshot, set(stats), min_samples)
+    gpu_busy = {u: float(d.gpu_util or 0.0) for u, d in gpus.items()}
+    gpu_spread = max(gpu_busy.values()) - min(gpu_busy.values()) if len(gpu_busy) >= 2 else 0.0
+    if spread < min_spread and gpu_spread < min_spread:
         return []
     waits = {r: s.collective_wait_s for r, s in stats.items() if s.collective_wait_s is not None}
+    step = statistics.median(s.step_s for s in stats.values())
     cause: Finding | None
-    if len(waits) >= 2:
+    waits_differ = len(waits) >= 2 and (
+        spread >= min_spread or max(waits.values()) - min(waits.values()) >= min_wait_gap * step
+    )
+    if waits_differ:
         lo, hi = min(waits.values()), max(waits.values())
         blamed = sorted(r for r, w in waits.items() if w <= lo + 0.25 * (hi - lo))
         cause = next(
@@ -55,10 +85,13 @@ def detect(
             None,
         )
     else:
-        cause = next((f for kind in _CAUSES for f in prior if f.kind == kind and f.ranks), None)
+        cause = next(
+            (f for kind in _CAUSES for f in prior if f.kind == kind and set(f.ranks) & set(stats)),
+            None,
+        )
         if cause is None:
             return []
-        blamed = sorted(cause.ranks)
+        blamed = sorted(set(cause.ranks) & set(stats))
     if cause is not None:
         fixes = {r: fx for r, fx in cause.fixes.items() if r in blamed}
         speedup = cause.predicted_speedup
@@ -75,18 +108,39 @@ def detect(
                 f"profile rank {r}: it is busy {fmt_pct(busy[r])} of each step while its peers "
                 "wait for it"
             )
-    hi_r = max(busy, key=lambda r: busy[r])
-    lo_r = min(busy, key=lambda r: busy[r])
     because = f" because of {cause.kind}" if cause else ""
-    summary = (
-        f"busy time spread {fmt_pct(busy[hi_r])} (rank {hi_r}) against {fmt_pct(busy[lo_r])} "
-        f"(rank {lo_r}){because}: the others wait for {ranks_text(blamed)}"
+    if spread >= min_spread:
+        hi_r = max(busy, key=lambda r: busy[r])
+        lo_r = min(busy, key=lambda r: busy[r])
+        what = (
+            f"busy time spread {fmt_pct(busy[hi_r])} (rank {hi_r}) against "
+            f"{fmt_pct(busy[lo_r])} (rank {lo_r})"
+        )
+    else:
+        hi_g = gpus[max(gpu_busy, key=lambda u: gpu_busy[u])]
+        lo_g = gpus[min(gpu_busy, key=lambda u: gpu_busy[u])]
+        what = (
+            f"GPU busy time spread {fmt_pct(gpu_busy[hi_g.uuid])} ({hi_g.label}) against "
+            f"{fmt_pct(gpu_busy[lo_g.uuid])} ({lo_g.label})"
+        )
+    wait_for = (
+        f"the others wait for {ranks_text(blamed)}"
+        if len(stats) >= 2
+        else f"{ranks_text(blamed)} drives every GPU"
     )
-    evidence = {
+    summary = f"{what}{because}: {wait_for}"
+    evidence: dict[str, object] = {
         "busy_ratio": {str(r): round(b, 3) for r, b in sorted(busy.items())},
         "spread": round(spread, 3),
         "collective_wait_ms": {str(r): round(w * 1e3, 1) for r, w in sorted(waits.items())},
     }
+    if gpus:
+        ordered = sorted(gpus.values(), key=lambda d: (d.node, d.index))
+        evidence["gpu_busy_ratio"] = {d.uuid: round(gpu_busy[d.uuid], 3) for d in ordered}
+        evidence["gpu_spread"] = round(gpu_spread, 3)
+        owners = gpu_owners(snapshot)
+        evidence["gpus"] = [d.ref for d in ordered if set(owners.get(d.uuid, ())) & set(blamed)]
+        evidence["gpu_note"] = "NVML counts a rank waiting in an all-reduce as busy"
     # The cause carries the weight; the symptom stays one level below it.
     sev = severity_for(speedup)
     if cause is not None and sev == "critical":
@@ -103,3 +157,18 @@ def detect(
             cause=cause.kind if cause else None,
         )
     ]
+
+
+def _job_gpus(snapshot: Snapshot, ranks: set[int], min_samples: int) -> dict[str, DeviceStats]:
+    """The GPUs of the judged ranks with a measured utilisation (none: no NVML samples)."""
+    if not snapshot.devices:
+        return {}
+    owners = gpu_owners(snapshot)
+    return {
+        u: d
+        for u, d in device_stats(snapshot).items()
+        if not d.lost
+        and d.samples >= min_samples
+        and d.gpu_util is not None
+        and set(owners.get(u, ())) & ranks
+    }

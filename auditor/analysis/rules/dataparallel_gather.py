@@ -1,0 +1,305 @@
+"""dataparallel_gather: GPU 0 of an ``nn.DataParallel`` job carrying the gathered outputs.
+
+nn.DataParallel is one process driving several GPUs: every step it scatters the batch into
+chunks, replicates the model, runs the replicas and gathers their outputs on ``device_ids[0]``
+(the *primary* GPU), which then computes the loss and holds the outputs of every chunk. So the
+primary GPU holds more memory and does more work than the others, and every other GPU has to
+leave the same head-room unused.
+
+Metric: per GPU of the DataParallel process, the median memory in use and the median
+utilisation (NVML). The primary GPU is the first of the rank's ``device_uuids`` (the order of
+``device_ids``), else its lowest-numbered GPU. Decision: the primary's memory is at least
+``min_ratio`` times the median of the other GPUs' (and ``min_extra_bytes`` above it); where memory
+was not measured, its utilisation is. Blamed: the DataParallel rank (its one process).
+
+Fixes:
+
+* move to DistributedDataParallel, one process per GPU, as PyTorch recommends even on one node:
+  the exact ``torchrun --nproc_per_node=<GPUs> <script>`` command. The snapshot does not carry
+  the job's command line: the script is the ``script`` threshold where given, else the
+  placeholder ``train.py`` (the evidence says which).
+* or keep DataParallel with a balanced scatter that gives the primary a smaller chunk. Model:
+  memory grows with the chunk; the primary's excess over the others, in samples, is
+  ``e = c_other * ratio - c_0``; equal memory needs ``c_0' + e = c'`` with
+  ``c_0' + (n - 1) c' = batch``. Treating all memory as per-sample overstates the per-sample part
+  (the model replica is fixed), so ``e`` and the shift are if anything too small: safe.
+  Example: batch 32 over 4 (chunks 8) with the primary at 1.5x memory: ``e = 4``, chunks
+  5, 9, 9, 9.
+
+It also emits a ``memory_imbalance`` finding naming the primary GPU (``cause`` set to this kind)
+so the memory view of the job is complete; ``memory_imbalance`` skips GPUs already named.
+
+Speed-up: not predicted. One process drives every GPU, so per-GPU step times are not measured,
+and DDP also removes the per-step replication and the GIL contention between the replicas'
+threads, which nothing here measures.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from auditor.samples import RankInfo
+
+from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners, rank_gpus
+from ..findings import Finding
+from ..snapshot import Snapshot
+from .common import ready
+from .memory_imbalance import imbalance_finding
+
+PLACEHOLDER_SCRIPT = "train.py"
+SPEEDUP_NOTE = (
+    "not predicted: one process drives every GPU, so per-GPU step times are not measured; DDP "
+    "also removes the per-step model replication and the GIL contention between replicas"
+)
+
+
+def detect(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding] = (),
+    min_steps: int = 8,
+    min_samples: int = 5,
+    min_ratio: float = 1.25,
+    min_extra_bytes: int = 512 * 1024**2,
+    near_full: float = 0.8,
+    script: str | None = None,
+) -> list[Finding]:
+    """Find DataParallel jobs whose primary GPU carries the gather.
+
+    Args:
+        min_steps: steps the DataParallel rank needs in the window before it is judged.
+        min_samples: NVML samples a GPU needs in the window before it is judged.
+        min_ratio: primary GPU's memory (else utilisation) relative to the median of the others.
+        min_extra_bytes: the primary's memory must also exceed that median by this much.
+        near_full: share of the primary's total memory at which the memory finding is a warning.
+        script: the training script for the torchrun command (None: placeholder ``train.py``).
+    """
+    stats = ready(snapshot.stats, min_steps)
+    dstats = {
+        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
+    }
+    owners = gpu_owners(snapshot)
+    gpus_of = rank_gpus(owners)
+    findings: list[Finding] = []
+    for view in snapshot.ranks:
+        info = view.info
+        if info.parallel_mode != "dataparallel" or info.rank not in stats:
+            continue
+        order = dp_gpu_order(info, gpus_of.get(info.rank, ()), dstats)
+        measured = [u for u in order if u in dstats]
+        if len(measured) < 2 or measured[0] != order[0]:
+            continue
+        primary = dstats[order[0]]
+        mem = {u: dstats[u].mem_used_bytes for u in measured}
+        busy = {u: dstats[u].gpu_util for u in measured}
+        mem_ratio = _ratio_to_others(mem, primary.uuid)
+        busy_ratio = _ratio_to_others(busy, primary.uuid)
+        others_mem = _others_median(mem, primary.uuid)
+        if mem_ratio is not None and others_mem is not None:
+            extra = (primary.mem_used_bytes or 0.0) - others_mem
+            if mem_ratio < min_ratio or extra < min_extra_bytes:
+                continue
+        elif busy_ratio is None or busy_ratio < min_ratio:
+            continue
+
+        n = max(len(order), len(info.devices), len(info.device_uuids))
+        s = stats[info.rank]
+        batch = round(s.batch_size) if s.batch_size else None
+        current = torch_chunks(batch, n) if batch else None
+        balanced = balanced_chunks(batch, n, mem_ratio) if batch and mem_ratio is not None else None
+        name = script or PLACEHOLDER_SCRIPT
+        command = f"torchrun --nproc_per_node={n} {name}"
+        fix = _fix(command, batch, n, current, balanced, primary)
+        findings.append(
+            Finding(
+                kind="dataparallel_gather",
+                severity="warning",
+                ranks=(info.rank,),
+                summary=_summary(primary, mem, busy, mem_ratio, busy_ratio),
+                evidence={
+                    "gpus": [primary.ref],
+                    "per_gpu": _per_gpu(order, dstats, current, owners),
+                    "mem_ratio": None if mem_ratio is None else round(mem_ratio, 2),
+                    "busy_ratio": None if busy_ratio is None else round(busy_ratio, 2),
+                    "batch_size": batch,
+                    "chunk_sizes": current,
+                    "balanced_chunk_sizes": balanced,
+                    "ddp_command": command,
+                    "script": name,
+                    "script_note": (
+                        "given"
+                        if script
+                        else "placeholder: the snapshot does not carry the "
+                        "job's command; set the rule's `script` threshold to name it"
+                    ),
+                    "speedup_model": SPEEDUP_NOTE,
+                },
+                fixes={info.rank: fix},
+                predicted_speedup=None,
+            )
+        )
+        if mem_ratio is None:
+            continue
+        chunk_fix = (
+            f"give {primary.label} a smaller chunk: {_chunks_text(balanced)} for batch {batch} "
+            f"over {n} GPUs, or move to DDP: `{command}`"
+            if balanced
+            else f"move to DDP so no GPU gathers the others' outputs: `{command}`"
+        )
+        findings.append(
+            imbalance_finding(
+                primary,
+                {u: dstats[u] for u in measured},
+                mem,
+                ranks=(info.rank,),
+                fixes={info.rank: chunk_fix},
+                summary=(
+                    f"{primary.label} holds {mem_ratio:.2f}x the memory of the other GPUs of "
+                    f"DataParallel rank {info.rank} ({fmt_gib(primary.mem_used_bytes)} vs "
+                    f"{fmt_gib(others_mem)}): it gathers their outputs"
+                ),
+                near_full=near_full,
+                owners=owners,
+                cause="dataparallel_gather",
+            )
+        )
+    return findings
+
+
+def dp_gpu_order(
+    info: RankInfo, owned: Sequence[str], dstats: Mapping[str, DeviceStats]
+) -> list[str]:
+    """A DataParallel rank's GPUs in ``device_ids`` order: the primary first.
+
+    The rank's own ``device_uuids`` give the order; without them its GPUs are ordered by node
+    and NVML index (CUDA's default order on a node of identical GPUs).
+    """
+    if info.device_uuids:
+        return list(info.device_uuids)
+
+    def key(u: str) -> tuple[str, int, str]:
+        d = dstats.get(u)
+        return (d.node, d.index, u) if d else ("", 1 << 30, u)
+
+    return sorted(owned, key=key)
+
+
+def torch_chunks(batch: int, n: int) -> list[int]:
+    """Chunk sizes of ``torch.chunk`` (DataParallel's scatter): ``ceil(batch / n)`` each, the last
+    smaller; fewer than ``n`` chunks when the batch is small, the missing GPUs get nothing."""
+    if batch <= 0 or n <= 0:
+        return [0] * max(n, 0)
+    size = math.ceil(batch / n)
+    out: list[int] = []
+    left = batch
+    while left > 0 and len(out) < n:
+        out.append(min(size, left))
+        left -= out[-1]
+    return out + [0] * (n - len(out))
+
+
+def balanced_chunks(batch: int, n: int, primary_ratio: float) -> list[int] | None:
+    """Per-GPU chunks that equalise memory when the primary holds ``primary_ratio`` times the
+    others' median at the current (``torch.chunk``) split; None when no shift is possible."""
+    if n < 2 or batch < n:
+        return None
+    current = torch_chunks(batch, n)
+    c0 = current[0]
+    c_other = statistics.median(current[1:])
+    if c_other <= 0:
+        return None
+    extra = c_other * primary_ratio - c0
+    first = max(1, min(c0, round((batch - (n - 1) * extra) / n)))
+    if first >= c0:
+        return None
+    rest = batch - first
+    base, more = divmod(rest, n - 1)
+    return [first] + [base + (1 if i < more else 0) for i in range(n - 1)]
+
+
+def _ratio_to_others(values: Mapping[str, float | None], key: str) -> float | None:
+    mine = values.get(key)
+    others = _others_median(values, key)
+    if mine is None or others is None or others <= 0:
+        return None
+    return float(mine) / others
+
+
+def _others_median(values: Mapping[str, float | None], key: str) -> float | None:
+    others = [float(v) for k, v in values.items() if k != key and v is not None]
+    return float(statistics.median(others)) if others else None
+
+
+def _chunks_text(chunks: Sequence[int] | None) -> str:
+    return "n/a" if not chunks else ", ".join(str(c) for c in chunks)
+
+
+def _fix(
+    command: str,
+    batch: int | None,
+    n: int,
+    current: list[int] | None,
+    balanced: list[int] | None,
+    primary: DeviceStats,
+) -> str:
+    ddp = (
+        f"move to DistributedDataParallel, one process per GPU: `{command}` with the model "
+        "wrapped in DistributedDataParallel(model.to(local_rank), device_ids=[local_rank]) and "
+        "a DistributedSampler"
+    )
+    if batch:
+        per = max(1, round(batch / n))
+        ddp += f", batch_size {batch} -> {per} per process (global batch {per * n})"
+    if balanced:
+        ddp += (
+            f"; or keep DataParallel with a scatter that gives {primary.label} a smaller chunk: "
+            f"{_chunks_text(balanced)} instead of {_chunks_text(current)}"
+        )
+    return ddp
+
+
+def _summary(
+    primary: DeviceStats,
+    mem: Mapping[str, float | None],
+    busy: Mapping[str, float | None],
+    mem_ratio: float | None,
+    busy_ratio: float | None,
+) -> str:
+    parts = []
+    if mem_ratio is not None:
+        parts.append(
+            f"{mem_ratio:.2f}x the memory ({fmt_gib(primary.mem_used_bytes)} vs "
+            f"{fmt_gib(_others_median(mem, primary.uuid))})"
+        )
+    if busy_ratio is not None:
+        others = _others_median(busy, primary.uuid) or 0.0
+        parts.append(f"busy {(primary.gpu_util or 0.0):.0%} vs {others:.0%}")
+    return (
+        f"nn.DataParallel gathers every output on {primary.label}: "
+        f"{', '.join(parts)} of the other GPUs"
+    )
+
+
+def _per_gpu(
+    order: Sequence[str],
+    dstats: Mapping[str, DeviceStats],
+    chunks: Sequence[int] | None,
+    owners: Mapping[str, Sequence[int]],
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for i, u in enumerate(order):
+        d = dstats.get(u)
+        out[u] = {
+            **(d.ref if d else {"uuid": u}),
+            "ranks": list(owners.get(u, ())),
+            "chunk": chunks[i] if chunks and i < len(chunks) else None,
+            "mem_used_bytes": None
+            if d is None or d.mem_used_bytes is None
+            else round(d.mem_used_bytes),
+            "mem_total_bytes": None if d is None else d.mem_total_bytes,
+            "gpu_util": None if d is None or d.gpu_util is None else round(d.gpu_util, 3),
+        }
+    return out

@@ -1,0 +1,326 @@
+"""memory_headroom: how large a batch fits, measured instead of guessed.
+
+Model (DOMAIN.md): memory in use = a fixed part (parameters, gradients, optimizer state) plus the
+batch size times a per-sample part (the activations kept for backward). Fitted per rank by least
+squares, ``mem = a + b * batch``, from the steps of the window whose batch size varied (a batch
+ramp, a last partial batch, variable-length inputs), with at least two distinct batch sizes and
+``r2 >= min_r2``. Memory per step is, in order of preference: the probe's per-step peak
+(``torch.cuda.max_memory_allocated``), its allocated memory, or the NVML memory of the rank's GPU
+matched by time to the batch in progress. NVML sees the caching allocator's reserved memory,
+which does not shrink when the batch does; the probe's figures are therefore preferred, and the
+gap between NVML's peak and the fitted allocator peak (CUDA context, allocator cache and
+fragmentation) is added back as an overhead. The budget is the GPU's total less a safety
+``margin``; the largest batch that fits is ``floor((budget - a - overhead) / b)``.
+
+Decisions, per rank whose GPU's total memory is known:
+
+* underused (``info``): the peak in the window is below ``underused`` of the total; the evidence
+  names the largest batch that fits. A larger batch raises throughput only while the GPU is not
+  yet saturated, halves the optimizer steps per epoch when doubled, and usually wants a larger
+  learning rate: the fix says so.
+* tight (``warning``): even the current batch does not fit within the budget, so a slightly
+  larger input runs out of memory; suggested: gradient checkpointing (activations cut by the
+  conservative end of the usual 4-10x, here 4x) and mixed precision (activations about halved),
+  with the batch each allows; where the fixed part alone takes half the budget, the batch is not
+  the lever: optimizer state (Adam keeps 4x the parameters, SGD 2-3x) and sharding are.
+  Ranks an earlier ``memory_pressure`` finding already blamed are left to it.
+
+Speed-up: not predicted: whether a larger batch is faster depends on the GPU's saturation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from auditor.samples import DeviceSample
+
+from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners, linear_fit, rank_gpus
+from ..findings import Finding
+from ..snapshot import RankView, Snapshot
+from .common import ranks_text, ready
+
+SPEEDUP_NOTE = "not predicted: a larger batch is faster only while the GPU is not saturated"
+# Gradient checkpointing commonly allows 4-10x larger batches; the conservative end is used.
+CHECKPOINT_FACTOR = 4.0
+MIXED_PRECISION_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """``memory = fixed + per_sample * batch (+ overhead)`` for one rank."""
+
+    rank: int
+    fixed_bytes: float
+    per_sample_bytes: float
+    r2: float
+    points: int
+    batches: tuple[int, ...]
+    source: str
+    # NVML's peak minus the fitted allocator peak (context, cache); 0 where not measured.
+    overhead_bytes: float = 0.0
+
+    def predict(self, batch: float) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * batch + self.overhead_bytes
+
+    def largest_batch(self, budget: float, per_sample_factor: float = 1.0) -> int | None:
+        """The largest batch whose predicted memory stays within ``budget``."""
+        per = self.per_sample_bytes / per_sample_factor
+        if per <= 0:
+            return None
+        return max(0, math.floor((budget - self.fixed_bytes - self.overhead_bytes) / per))
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "fixed_bytes": round(self.fixed_bytes),
+            "per_sample_bytes": round(self.per_sample_bytes),
+            "r2": round(self.r2, 4),
+            "points": self.points,
+            "batch_sizes": list(self.batches),
+            "source": self.source,
+            "overhead_bytes": round(self.overhead_bytes),
+        }
+
+
+def fit_memory(
+    view: RankView, gpu: DeviceStats | None, samples: Sequence[DeviceSample] = ()
+) -> MemoryFit | None:
+    """Fit ``a + b * batch`` for one rank; None without two distinct batch sizes.
+
+    ``gpu`` and ``samples`` are the rank's (heaviest) GPU and its NVML samples, if any.
+    """
+    sized = [s for s in view.steps if s.batch_size]
+    for field in ("mem_peak_bytes", "mem_allocated_bytes"):
+        pts = [
+            (float(s.batch_size or 0), float(v))
+            for s in sized
+            if (v := getattr(s, field)) is not None
+        ]
+        fit = _fit(view.info.rank, pts, f"probe {field}")
+        if fit is not None:
+            if gpu is not None and gpu.mem_used_max_bytes is not None:
+                top = max(b for b, _ in pts)
+                gap = gpu.mem_used_max_bytes - fit.predict(top)
+                if gap > 0:
+                    fit = _with_overhead(fit, gap)
+            return fit
+    if not samples or not sized:
+        return None
+    ordered = sorted(sized, key=lambda s: s.time)
+    ends = [s.time for s in ordered]
+    matched: list[tuple[float, float]] = []
+    for d in samples:
+        if d.mem_used_bytes is None or d.lost:
+            continue
+        i = bisect.bisect_left(ends, d.time)
+        if i >= len(ordered) or (i == 0 and d.time < ends[0] - ordered[0].step_s):
+            continue  # before the first step or after the last: no batch in progress
+        matched.append((float(ordered[i].batch_size or 0), float(d.mem_used_bytes)))
+    return _fit(view.info.rank, matched, "nvml mem_used_bytes")
+
+
+def _fit(rank: int, pts: Sequence[tuple[float, float]], source: str) -> MemoryFit | None:
+    batches = sorted({round(b) for b, _ in pts})
+    if len(batches) < 2:
+        return None
+    fit = linear_fit([b for b, _ in pts], [m for _, m in pts])
+    if fit is None:
+        return None
+    a, b, r2 = fit
+    return MemoryFit(rank, a, b, r2, len(pts), tuple(batches), source)
+
+
+def _with_overhead(fit: MemoryFit, overhead: float) -> MemoryFit:
+    return MemoryFit(
+        fit.rank,
+        fit.fixed_bytes,
+        fit.per_sample_bytes,
+        fit.r2,
+        fit.points,
+        fit.batches,
+        fit.source,
+        overhead,
+    )
+
+
+def rank_memory_fits(
+    snapshot: Snapshot, *, min_steps: int, min_samples: int
+) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
+    """Each ready rank's fit and its (heaviest) GPU; shared with ``memory_pressure``."""
+    stats = ready(snapshot.stats, min_steps)
+    dstats = {
+        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
+    }
+    gpus_of = rank_gpus(gpu_owners(snapshot))
+    out: dict[int, tuple[MemoryFit | None, DeviceStats | None]] = {}
+    for view in snapshot.ranks:
+        r = view.info.rank
+        if r not in stats:
+            continue
+        mine = [dstats[u] for u in gpus_of.get(r, ()) if u in dstats]
+        gpu = max(mine, key=lambda d: d.mem_used_max_bytes or 0, default=None)
+        samples = [d for d in snapshot.devices if gpu is not None and d.uuid == gpu.uuid]
+        out[r] = (fit_memory(view, gpu, samples), gpu)
+    return out
+
+
+def detect(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding] = (),
+    min_steps: int = 8,
+    min_samples: int = 5,
+    min_r2: float = 0.8,
+    margin: float = 0.10,
+    underused: float = 0.60,
+) -> list[Finding]:
+    """Say how large a batch fits, where memory is underused or too tight.
+
+    Args:
+        min_steps: steps a rank needs in the window before it is judged.
+        min_samples: NVML samples a GPU needs in the window before it is judged.
+        min_r2: least goodness of the ``a + b * batch`` fit that is trusted.
+        margin: share of the GPU's total kept free as a safety margin (0.10 = 10%).
+        underused: peak memory below this share of the total counts as underused.
+    """
+    pressured = {r for f in prior if f.kind == "memory_pressure" for r in f.ranks}
+    latest = {v.info.rank: _latest_batch(v) for v in snapshot.ranks}
+    roomy: dict[int, dict[str, Any]] = {}
+    tight: dict[int, dict[str, Any]] = {}
+    gpus: dict[int, DeviceStats] = {}
+    for r, (fit, gpu) in sorted(
+        rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples).items()
+    ):
+        current = latest.get(r)
+        if fit is None or gpu is None or not gpu.mem_total_bytes or current is None:
+            continue
+        if fit.per_sample_bytes <= 0 or fit.r2 < min_r2:
+            continue
+        total = gpu.mem_total_bytes
+        budget = (1.0 - margin) * total
+        peak = gpu.mem_used_max_bytes
+        if peak is None:
+            peak = round(fit.predict(max(fit.batches)))
+        row: dict[str, Any] = {
+            **fit.evidence(),
+            "gpu": gpu.ref,
+            "current_batch": current,
+            "peak_bytes": peak,
+            "total_bytes": total,
+            "budget_bytes": round(budget),
+            "predicted_at_current_bytes": round(fit.predict(current)),
+        }
+        largest = fit.largest_batch(budget)
+        row["largest_batch"] = largest
+        if peak < underused * total and largest is not None and largest > current:
+            roomy[r] = row
+            gpus[r] = gpu
+        elif fit.predict(current) > budget and r not in pressured:
+            row["largest_batch_checkpointing"] = fit.largest_batch(budget, CHECKPOINT_FACTOR)
+            row["largest_batch_mixed_precision"] = fit.largest_batch(budget, MIXED_PRECISION_FACTOR)
+            tight[r] = row
+            gpus[r] = gpu
+    findings: list[Finding] = []
+    if roomy:
+        findings.append(_roomy(roomy, gpus, margin))
+    if tight:
+        findings.append(_tight(tight, gpus, margin))
+    return findings
+
+
+def _latest_batch(view: RankView) -> int | None:
+    for s in reversed(view.steps):
+        if s.batch_size:
+            return int(s.batch_size)
+    return None
+
+
+def _fit_text(row: dict[str, Any]) -> str:
+    return (
+        f"memory = {fmt_gib(row['fixed_bytes'])} + {row['per_sample_bytes'] / 1024**2:.0f} MiB "
+        "per sample "
+        f"(r2 {row['r2']:.2f} over batches {', '.join(str(b) for b in row['batch_sizes'])})"
+    )
+
+
+def _roomy(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin: float) -> Finding:
+    fixes = {}
+    for r, row in rows.items():
+        fixes[r] = (
+            f"batch_size {row['current_batch']} -> up to {row['largest_batch']} fits "
+            f"{gpus[r].label} with a {margin:.0%} margin ({_fit_text(row)}); raise it only while "
+            "throughput still grows (the GPU is not yet saturated) and scale the learning rate "
+            "with it"
+        )
+    first = min(rows)
+    row = rows[first]
+    summary = (
+        f"{ranks_text(rows)} use{'s' if len(rows) == 1 else ''} at most "
+        f"{fmt_gib(row['peak_bytes'])} of {fmt_gib(row['total_bytes'])} on "
+        f"{gpus[first].label}: a batch of up to {row['largest_batch']} fits "
+        f"(now {row['current_batch']})"
+    )
+    return Finding(
+        kind="memory_headroom",
+        severity="info",
+        ranks=tuple(sorted(rows)),
+        summary=summary,
+        evidence={
+            "gpus": [gpus[r].ref for r in sorted(rows)],
+            "per_rank": {str(r): row for r, row in sorted(rows.items())},
+            "margin": margin,
+            "speedup_model": SPEEDUP_NOTE,
+        },
+        fixes=fixes,
+        predicted_speedup=None,
+    )
+
+
+def _tight(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin: float) -> Finding:
+    fixes = {}
+    for r, row in rows.items():
+        fixed = row["fixed_bytes"] + row["overhead_bytes"]
+        parts = [
+            f"batch {row['current_batch']} needs about "
+            f"{fmt_gib(row['predicted_at_current_bytes'])} of {fmt_gib(row['budget_bytes'])} "
+            f"usable on {gpus[r].label} ({_fit_text(row)})"
+        ]
+        if fixed >= 0.5 * row["budget_bytes"]:
+            parts.append(
+                f"the model part alone is {fmt_gib(fixed)}: the batch is not the lever; use an "
+                "optimizer with less state (Adam keeps 4x the parameters, SGD with momentum 3x) "
+                "or shard parameters, gradients and optimizer state (FSDP / ZeRO)"
+            )
+        else:
+            parts.append(
+                f"gradient checkpointing (torch.utils.checkpoint on the largest blocks, about a "
+                f"third more compute) fits up to batch {row['largest_batch_checkpointing']}; "
+                "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16)) fits "
+                f"up to {row['largest_batch_mixed_precision']}; or batch_size "
+                f"{row['current_batch']} -> {row['largest_batch']}"
+            )
+        fixes[r] = "; ".join(parts)
+    first = min(rows)
+    summary = (
+        f"{ranks_text(rows)}: batch {rows[first]['current_batch']} does not fit "
+        f"{gpus[first].label} with a {margin:.0%} margin "
+        f"({fmt_gib(rows[first]['predicted_at_current_bytes'])} of "
+        f"{fmt_gib(rows[first]['total_bytes'])})"
+    )
+    return Finding(
+        kind="memory_headroom",
+        severity="warning",
+        ranks=tuple(sorted(rows)),
+        summary=summary,
+        evidence={
+            "gpus": [gpus[r].ref for r in sorted(rows)],
+            "per_rank": {str(r): row for r, row in sorted(rows.items())},
+            "margin": margin,
+            "speedup_model": SPEEDUP_NOTE,
+        },
+        fixes=fixes,
+        predicted_speedup=None,
+    )

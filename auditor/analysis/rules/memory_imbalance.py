@@ -1,0 +1,316 @@
+"""memory_imbalance: one GPU of a job holding far more memory than its peers.
+
+Metric: per rank, the median memory in use on its GPU over the window (NVML, as ``nvidia-smi``
+shows it: the caching allocator's reserved memory plus the CUDA context), or where no GPU was
+sampled the probe's per-step peak (``torch.cuda.max_memory_allocated``). One source for every
+rank compared, never a mix. Decision: a rank's memory is at least ``min_ratio`` times the median
+of its peers' and at least ``min_extra_bytes`` above it (so small models' noise does not count).
+
+Why it matters: DDP ranks run the same model on equal batches, so their memory should match. A
+heavy rank limits the batch every rank can use (the heaviest one runs out first) and usually
+does work the others do not. Two causes are told apart:
+
+* *stray allocations*: other ranks' processes hold memory on this GPU (NVML lists their PIDs):
+  they touched ``cuda:0`` before ``torch.cuda.set_device`` or loaded a checkpoint without
+  ``map_location``. Those ranks are blamed, not the GPU's owner.
+* *rank-specific work*: evaluation, metrics, an EMA or checkpoint copy kept on one rank only.
+  The rank itself is blamed.
+
+DataParallel: one process drives every GPU, so the comparison is between the GPUs of that process.
+GPU 0 carrying the gathered outputs is the ``dataparallel_gather`` rule's; it emits its own
+``memory_imbalance`` finding through :func:`imbalance_finding`, and this rule skips the GPUs an
+earlier finding already named.
+
+Speed-up: not predicted. Memory does not set the step time; it caps the batch. Severity:
+``warning`` when the heavy GPU is at least ``near_full`` of its total at its peak, else ``info``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..devices import GIB, DeviceStats, device_stats, fmt_gib, gpu_owners, rank_gpus, stray_ranks
+from ..findings import Finding
+from ..snapshot import Snapshot
+from .common import ready
+
+SPEEDUP_NOTE = (
+    "not predicted: memory does not set the step time; it caps the batch every rank can use"
+)
+
+
+def detect(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding] = (),
+    min_steps: int = 8,
+    min_samples: int = 5,
+    min_ratio: float = 1.5,
+    min_extra_bytes: int = GIB,
+    near_full: float = 0.8,
+    stray_share: float = 0.5,
+) -> list[Finding]:
+    """Find GPUs holding far more memory than their peers.
+
+    Args:
+        min_steps: steps a rank needs in the window before it is judged.
+        min_samples: NVML samples a GPU needs in the window before it is judged.
+        min_ratio: memory relative to the peers' median that counts as heavy (1.5 = 50% more).
+        min_extra_bytes: the excess over the peers' median must be at least this.
+        near_full: share of the GPU's total at which the finding becomes a warning.
+        stray_share: other ranks' processes holding at least this share of the excess are
+            the cause (blamed instead of the GPU's owner).
+    """
+    stats = ready(snapshot.stats, min_steps)
+    if not stats:
+        return []
+    dstats = {
+        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
+    }
+    owners = gpu_owners(snapshot)
+    gpus_of = rank_gpus(owners)
+    named = named_gpus(prior, "memory_imbalance")
+    modes = {v.info.rank: v.info.parallel_mode for v in snapshot.ranks}
+
+    findings: list[Finding] = []
+    # DataParallel: the GPUs of one process against each other.
+    for r in sorted(stats):
+        if modes.get(r) != "dataparallel":
+            continue
+        mine = {u: dstats[u] for u in gpus_of.get(r, ()) if u in dstats}
+        mem = {u: d.mem_used_bytes for u, d in mine.items() if d.mem_used_bytes is not None}
+        for uuid, ratio in heavy(mem, min_ratio, min_extra_bytes).items():
+            if uuid in named:
+                continue
+            ds = mine[uuid]
+            peer = peer_median_bytes(mem, uuid)
+            fix = (
+                f"{ds.label} holds {fmt_gib(ds.mem_used_bytes)} against {fmt_gib(peer)} on the "
+                "other GPUs of this DataParallel process: look for tensors created on "
+                f"cuda:{ds.index} outside the model (targets, metrics, a loss computed there)"
+            )
+            findings.append(
+                imbalance_finding(
+                    ds,
+                    mine,
+                    mem,
+                    ranks=(r,),
+                    fixes={r: fix},
+                    summary=(
+                        f"{ds.label} holds {ratio:.1f}x the memory of the other GPUs of "
+                        f"rank {r} ({fmt_gib(ds.mem_used_bytes)} vs {fmt_gib(peer)})"
+                    ),
+                    near_full=near_full,
+                    owners=owners,
+                )
+            )
+
+    # One GPU per rank (DDP): ranks against each other.
+    single = {
+        r: gpus_of[r][0]
+        for r in stats
+        if modes.get(r) != "dataparallel"
+        and len(gpus_of.get(r, ())) == 1
+        and gpus_of[r][0] in dstats
+        and owners.get(gpus_of[r][0]) == (r,)
+        and dstats[gpus_of[r][0]].mem_used_bytes is not None
+    }
+    if len(single) >= 2:
+        rank_mem = {r: float(dstats[u].mem_used_bytes or 0.0) for r, u in single.items()}
+        strays = stray_ranks(snapshot, owners)
+        for r, ratio in heavy(rank_mem, min_ratio, min_extra_bytes).items():
+            uuid = single[r]
+            if uuid in named:
+                continue
+            ds = dstats[uuid]
+            peer = peer_median_bytes(rank_mem, r)
+            excess = rank_mem[r] - peer
+            foreign = strays.get(uuid, {})
+            known = sum(b for b in foreign.values() if b is not None)
+            if foreign and (None in foreign.values() or known >= stray_share * excess):
+                blamed = tuple(sorted(foreign))
+                fixes = {q: _stray_fix(q, foreign[q], ds, r) for q in blamed}
+                summary = (
+                    f"{ds.label} (rank {r}) holds {ratio:.1f}x its peers' memory "
+                    f"({fmt_gib(rank_mem[r])} vs {fmt_gib(peer)}): ranks "
+                    f"{', '.join(str(q) for q in blamed)} also allocate on it"
+                )
+            else:
+                blamed = (r,)
+                fixes = {r: _owner_fix(r, ds, rank_mem[r], peer)}
+                summary = (
+                    f"rank {r} holds {ratio:.1f}x its peers' GPU memory on {ds.label} "
+                    f"({fmt_gib(rank_mem[r])} vs {fmt_gib(peer)})"
+                )
+            by_uuid = {single[q]: dstats[single[q]] for q in single}
+            findings.append(
+                imbalance_finding(
+                    ds,
+                    by_uuid,
+                    {single[q]: m for q, m in rank_mem.items()},
+                    ranks=blamed,
+                    fixes=fixes,
+                    summary=summary,
+                    near_full=near_full,
+                    owners=owners,
+                    extra={
+                        "stray_processes": {
+                            str(q): {"bytes": b} for q, b in sorted(foreign.items())
+                        },
+                    },
+                )
+            )
+    else:
+        findings.extend(_from_probe(stats, modes, min_ratio, min_extra_bytes))
+    return findings
+
+
+def heavy(
+    values: Mapping[Any, float | None], min_ratio: float, min_extra: float
+) -> dict[Any, float]:
+    """Keys whose value is at least ``min_ratio`` x and ``min_extra`` above their peers' median.
+
+    Returns each such key's ratio to that median. Needs at least two measured values.
+    """
+    present = {k: float(v) for k, v in values.items() if v is not None}
+    out: dict[Any, float] = {}
+    if len(present) < 2:
+        return out
+    for k, v in present.items():
+        peer = peer_median_bytes(present, k)
+        if peer <= 0:
+            continue
+        if v >= min_ratio * peer and v - peer >= min_extra:
+            out[k] = v / peer
+    return out
+
+
+def peer_median_bytes(values: Mapping[Any, float | None], key: Any) -> float:
+    peers = [float(v) for k, v in values.items() if k != key and v is not None]
+    return float(statistics.median(peers)) if peers else 0.0
+
+
+def named_gpus(prior: Sequence[Finding], kind: str) -> set[str]:
+    """UUIDs of the GPUs that earlier findings of ``kind`` already named."""
+    out: set[str] = set()
+    for f in prior:
+        if f.kind != kind:
+            continue
+        for g in f.evidence.get("gpus") or ():
+            if isinstance(g, dict) and g.get("uuid"):
+                out.add(str(g["uuid"]))
+    return out
+
+
+def imbalance_finding(
+    named: DeviceStats,
+    gpus: Mapping[str, DeviceStats],
+    mem: Mapping[str, float | None],
+    *,
+    ranks: tuple[int, ...],
+    fixes: dict[int, str],
+    summary: str,
+    near_full: float,
+    owners: Mapping[str, Sequence[int]],
+    cause: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Finding:
+    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with.
+
+    Shared with ``dataparallel_gather``, which names GPU 0 of a DataParallel job this way.
+    """
+    peer = peer_median_bytes(mem, named.uuid)
+    own = mem.get(named.uuid)
+    full = named.mem_ratio_max
+    severity = "warning" if full is not None and full >= near_full else "info"
+    evidence: dict[str, Any] = {
+        "gpus": [named.ref],
+        "per_gpu": {
+            u: {
+                **d.ref,
+                "ranks": list(owners.get(u, ())),
+                "mem_used_bytes": None if mem.get(u) is None else round(float(mem[u] or 0)),
+                "mem_total_bytes": d.mem_total_bytes,
+                "mem_used_max_bytes": d.mem_used_max_bytes,
+            }
+            for u, d in sorted(gpus.items(), key=lambda kv: (kv[1].node, kv[1].index))
+        },
+        "peer_median_bytes": round(peer),
+        "ratio_to_peers": None if own is None or peer <= 0 else round(float(own) / peer, 2),
+        "excess_bytes": None if own is None else round(float(own) - peer),
+        "speedup_model": SPEEDUP_NOTE,
+    }
+    evidence.update(extra or {})
+    return Finding(
+        kind="memory_imbalance",
+        severity=severity,
+        ranks=ranks,
+        summary=summary,
+        evidence=evidence,
+        fixes=fixes,
+        predicted_speedup=None,
+        cause=cause,
+    )
+
+
+def _owner_fix(rank: int, ds: DeviceStats, mine: float, peer: float) -> str:
+    return (
+        f"rank {rank} holds {fmt_gib(mine - peer)} more than its peers on {ds.label}: find what "
+        "only this rank keeps on the GPU (evaluation or metric tensors, an EMA or checkpoint copy "
+        "of the model, `if rank == 0:` branches) and move it to the CPU or share it across "
+        "ranks; every rank can then use the batch the heaviest one allows"
+    )
+
+
+def _stray_fix(rank: int, used: int | None, ds: DeviceStats, owner: int) -> str:
+    held = "memory" if used is None else fmt_gib(used)
+    return (
+        f"rank {rank} holds {held} on {ds.label}, which is rank {owner}'s: call "
+        "torch.cuda.set_device(local_rank) before any CUDA work and load checkpoints with "
+        "torch.load(..., map_location=f'cuda:{local_rank}')"
+    )
+
+
+def _from_probe(
+    stats: Mapping[int, Any], modes: Mapping[int, str], min_ratio: float, min_extra: float
+) -> list[Finding]:
+    """Without NVML samples: compare the probe's per-step peaks (no GPU to name)."""
+    peaks = {
+        r: s.mem_peak_bytes
+        for r, s in stats.items()
+        if modes.get(r) != "dataparallel" and s.mem_peak_bytes is not None
+    }
+    out: list[Finding] = []
+    for r, ratio in heavy(peaks, min_ratio, min_extra).items():
+        peer = peer_median_bytes(peaks, r)
+        mine = float(peaks[r] or 0.0)
+        out.append(
+            Finding(
+                kind="memory_imbalance",
+                severity="info",
+                ranks=(r,),
+                summary=(
+                    f"rank {r} peaks at {ratio:.1f}x its peers' allocated GPU memory "
+                    f"({fmt_gib(mine)} vs {fmt_gib(peer)})"
+                ),
+                evidence={
+                    "gpus": [],
+                    "source": "probe: torch.cuda.max_memory_allocated per step",
+                    "mem_peak_bytes": {
+                        str(q): round(float(v or 0)) for q, v in sorted(peaks.items())
+                    },
+                    "ratio_to_peers": round(ratio, 2),
+                    "speedup_model": SPEEDUP_NOTE,
+                },
+                fixes={
+                    r: (
+                        f"rank {r} allocates {fmt_gib(mine - peer)} more than its peers at its "
+                        "peak: find what only this rank keeps on the GPU (evaluation or metric "
+                        "tensors, an EMA or checkpoint copy, `if rank == 0:` branches)"
+                    )
+                },
+            )
+        )
+    return out

@@ -1,0 +1,177 @@
+"""memory_pressure: a GPU close to full whose memory is still rising: an out-of-memory ahead.
+
+Metric, per GPU (NVML): the peak memory in use over the window as a share of the total, the
+least-squares rise of used memory over the window and its slope over the later half.
+
+Decision: the peak is at least ``min_ratio`` of the total, the fitted rise over the window is at
+least ``min_rise_bytes`` and memory still rises in the later half of the window. A job that sits
+at 95% on purpose is not flagged: PyTorch's caching allocator keeps what it reserved, so a full
+but flat GPU is normal; so is a rise during warm-up that has levelled off. ``warning``, and
+``critical`` from ``critical_ratio`` on. While ranks report steps, one needs ``min_steps`` in the
+window (memory rising while the model loads is not pressure).
+
+Blamed: the ranks on the GPU (:func:`auditor.analysis.devices.gpu_owners`); a GPU no rank owns
+is named with ``ranks=()`` and its fix under ``evidence["fix"]``.
+
+Fix, with numbers: the batch that brings the peak to ``target_ratio`` of the total, from the
+rank's fitted ``memory = a + b * batch`` (:mod:`.memory_headroom`) where its batch varied, else
+assuming memory in proportion to the batch (which overstates the saving when the model part is
+large: the evidence says which); gradient checkpointing; mixed precision. Where the batch did not
+change while memory rose, something is kept across steps (a loss summed as a tensor, outputs
+appended to a list): said first. The time to full is the headroom over the recent slope.
+
+Speed-up: not predicted: this prevents a crash, it does not change the step time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners
+from ..findings import Finding
+from ..snapshot import RankView, Snapshot
+from .memory_headroom import MemoryFit, rank_memory_fits
+
+MIB = 1024**2
+SPEEDUP_NOTE = "not predicted: prevents an out-of-memory crash, does not change the step time"
+
+
+def detect(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding] = (),
+    min_steps: int = 8,
+    min_samples: int = 5,
+    min_ratio: float = 0.90,
+    critical_ratio: float = 0.97,
+    min_rise_bytes: int = 256 * MIB,
+    target_ratio: float = 0.85,
+    min_r2: float = 0.8,
+) -> list[Finding]:
+    """Find GPUs that are nearly full and still filling.
+
+    Args:
+        min_steps: while ranks report steps, one needs this many in the window first.
+        min_samples: NVML samples a GPU needs in the window before it is judged.
+        min_ratio: peak memory share of the total that counts as nearly full (warning).
+        critical_ratio: peak memory share from which the finding is critical.
+        min_rise_bytes: least fitted rise of used memory over the window.
+        target_ratio: share of the total the suggested batch should peak at.
+        min_r2: least goodness of a rank's memory fit used to size the batch.
+    """
+    if snapshot.ranks and max((len(v.steps) for v in snapshot.ranks), default=0) < min_steps:
+        return []
+    owners = gpu_owners(snapshot)
+    fits = rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples)
+    views = {v.info.rank: v for v in snapshot.ranks}
+    findings: list[Finding] = []
+    stats = device_stats(snapshot)
+    for uuid, d in sorted(stats.items(), key=lambda kv: (kv[1].node, kv[1].index)):
+        if d.lost or d.samples < min_samples or not d.mem_total_bytes:
+            continue
+        ratio = d.mem_ratio_max
+        rise = d.mem_rise_bytes
+        recent = d.mem_recent_trend_bytes_per_s
+        if ratio is None or ratio < min_ratio or rise is None or rise < min_rise_bytes:
+            continue
+        if recent is None or recent <= 0:
+            continue
+        ranks = tuple(owners.get(uuid, ()))
+        headroom = d.mem_total_bytes - (d.mem_used_max_bytes or 0)
+        minutes = headroom / recent / 60.0
+        state = (
+            f"{d.label} peaks at {ratio:.0%} of {fmt_gib(d.mem_total_bytes)} and rises "
+            f"{recent * 60 / MIB:.0f} MiB/min (full in about {minutes:.0f} min)"
+        )
+        per_rank: dict[str, Any] = {}
+        fixes: dict[int, str] = {}
+        for r in ranks:
+            fit = fits.get(r, (None, None))[0]
+            if fit is not None and (fit.r2 < min_r2 or fit.per_sample_bytes <= 0):
+                fit = None
+            fix, row = _rank_fix(views.get(r), d, fit, target_ratio)
+            fixes[r] = f"{state}: {fix}"
+            per_rank[str(r)] = row
+        generic = f"{state}: {_generic_fix()}"
+        findings.append(
+            Finding(
+                kind="memory_pressure",
+                severity="critical" if ratio >= critical_ratio else "warning",
+                ranks=ranks,
+                summary=(
+                    f"{d.label} is {ratio:.0%} full and still rising "
+                    f"({fmt_gib(rise)} over {d.span_s:.0f} s)"
+                    + (f" on rank {', '.join(str(r) for r in ranks)}" if ranks else "")
+                ),
+                evidence={
+                    "gpus": [d.ref],
+                    "mem_used_max_bytes": d.mem_used_max_bytes,
+                    "mem_total_bytes": d.mem_total_bytes,
+                    "mem_ratio_max": round(ratio, 4),
+                    "mem_trend_bytes_per_s": round(d.mem_trend_bytes_per_s or 0.0),
+                    "mem_recent_trend_bytes_per_s": round(recent),
+                    "rise_bytes": round(rise),
+                    "minutes_to_full": round(minutes, 2),
+                    "per_rank": per_rank,
+                    "fix": generic if not ranks else None,
+                    "speedup_model": SPEEDUP_NOTE,
+                },
+                fixes=fixes,
+                predicted_speedup=None,
+            )
+        )
+    return findings
+
+
+def _batches(view: RankView | None) -> list[int]:
+    if view is None:
+        return []
+    return [int(s.batch_size) for s in view.steps if s.batch_size]
+
+
+def _rank_fix(
+    view: RankView | None, d: DeviceStats, fit: MemoryFit | None, target_ratio: float
+) -> tuple[str, dict[str, Any]]:
+    batches = _batches(view)
+    current = batches[-1] if batches else None
+    total = d.mem_total_bytes or 0
+    target_bytes = target_ratio * total
+    peak = d.mem_used_max_bytes or 0
+    suggested: int | None = None
+    basis = "unknown batch"
+    if current is not None and fit is not None:
+        suggested = fit.largest_batch(target_bytes)
+        basis = "fitted memory = a + b * batch"
+    elif current is not None and peak > 0:
+        suggested = math.floor(current * target_bytes / peak)
+        basis = "memory assumed in proportion to the batch (overstates the saving)"
+    leak = ""
+    if current is not None and len(set(batches)) == 1:
+        leak = (
+            f"the batch stayed at {current} while memory rose, so something is kept across "
+            "steps (a loss or metric summed as a tensor instead of .item(), outputs appended to "
+            "a list, a growing cache); meanwhile "
+        )
+    options: list[str] = []
+    if current is not None and suggested is not None and 0 < suggested < current:
+        options.append(f"batch_size {current} -> {suggested} (about {target_ratio:.0%} of the GPU)")
+    options.append(_generic_fix())
+    fix = leak + ", or ".join(options)
+    row = {
+        "current_batch": current,
+        "suggested_batch": suggested,
+        "basis": basis,
+        "target_bytes": round(target_bytes),
+    }
+    return fix, row
+
+
+def _generic_fix() -> str:
+    return (
+        "gradient checkpointing (torch.utils.checkpoint on the largest blocks: activations "
+        "shrink, commonly enough for a 4-10x larger batch, for about a third more compute), or "
+        "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16): activations "
+        "about half)"
+    )

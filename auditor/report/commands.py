@@ -1,0 +1,387 @@
+"""The report commands: ``auditor analyze``, ``auditor report`` and ``auditor compare``.
+
+auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH]
+    re-run the rules on a recording (``auditor run --record``) and print the verdict
+auditor report INPUT --html PATH [--window S] [--set R.T=V,...] [--json]
+    write the self-contained HTML report of a recording (or of a JSON report)
+auditor compare BEFORE AFTER [--json]
+    two runs side by side (each a JSON report or a recording): the measured speed-up against the
+    one BEFORE's verdict predicted, and the findings that went, came or remain
+
+Recordings are analysed the way the live run builds its final verdict: every sample in one
+:class:`SampleStore`, a snapshot ending at the newest sample, ``--window None`` (the whole run)
+unless asked otherwise, and the same report builder and verdict text.
+
+Exit status: 0 when something was analysed; 1 when the input holds no sample at all; 2 with one
+``auditor: error: ...`` line for a usage error or an input that is neither a report nor a
+recording. Unreadable lines of a recording are named ``FILE:LINE`` on stderr, one line each, and
+the rest is still analysed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from auditor.analysis import SampleStore, analyze
+from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
+from auditor.config import ConfigError, parse_overrides
+from auditor.report.compare import compare_reports, render_compare
+from auditor.report.json_report import SCHEMA as REPORT_SCHEMA
+from auditor.report.json_report import build_report, validate_report
+from auditor.report.terminal import render_verdict
+from auditor.telemetry.recorded import SCHEMA as RECORDING_SCHEMA
+from auditor.telemetry.recorded import RecordingError, read_recording
+
+COMMANDS = ("analyze", "report", "compare")
+
+
+class InputError(ValueError):
+    """An input that cannot be used at all: printed as one line, exit status 2."""
+
+
+@dataclass
+class Loaded:
+    """One input, as a report: from a JSON report, or analysed from a recording."""
+
+    path: str
+    kind: str  # "report" or "recording"
+    report: dict[str, Any]
+    # The whole run's samples, for the HTML time series (recordings only).
+    series: Snapshot | None = None
+    problems: list[str] = field(default_factory=list)
+    samples: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.kind == "recording" and self.samples == 0
+
+
+# --------------------------------------------------------------------------------------------
+# argparse
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    """Adds ``analyze``, ``report`` and ``compare`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "analyze",
+        help="re-run the rules on a recording and print the verdict",
+        usage="auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH]",
+        description="Re-run the rules on a recording made with 'auditor run --record' and print "
+        "the same verdict the live run prints. Unreadable lines are named and skipped.",
+    )
+    p.add_argument("recording", metavar="RECORDING", help="a recording (auditor.recording/v1)")
+    _analysis_options(p)
+    p.add_argument("--html", metavar="PATH", help="also write the HTML report here")
+
+    p = sub.add_parser(
+        "report",
+        help="write the self-contained HTML report of a recording or a JSON report",
+        usage="auditor report INPUT --html PATH [--window S] [--set R.T=V,...] [--json]",
+        description="Write one self-contained HTML file (it opens offline) with the verdict, "
+        "per-rank fixes and plots. INPUT is a recording or a JSON report; a JSON report has "
+        "no samples over time, so its page shows the verdict and the step breakdown only.",
+    )
+    p.add_argument("input", metavar="INPUT", help="a recording or a JSON report")
+    p.add_argument("--html", metavar="PATH", required=True, help="write the HTML report here")
+    _analysis_options(p)
+
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs: measured against predicted speed-up, findings gone or new",
+        usage="auditor compare BEFORE AFTER [--json]",
+        description="Compare two runs, each a JSON report or a recording: per-rank step time "
+        "and phase shares, findings that went, came or remain, and the measured speed-up "
+        "against the one BEFORE's findings predicted.",
+    )
+    p.add_argument("before", metavar="BEFORE", help="JSON report or recording of the first run")
+    p.add_argument("after", metavar="AFTER", help="JSON report or recording of the second run")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON on stdout")
+
+
+def _analysis_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--window",
+        metavar="S",
+        help="judge only the last S seconds of the recording (default: the whole run)",
+    )
+    p.add_argument(
+        "--set",
+        dest="set",
+        metavar="R.T=V,...",
+        help="rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+
+def dispatch(
+    ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int | None:
+    """Runs ``ns.cmd`` if it is one of this module's commands; None otherwise."""
+    cmd = getattr(ns, "cmd", None)
+    if cmd not in COMMANDS:
+        return None
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        if cmd == "analyze":
+            return cmd_analyze(ns, out, err)
+        if cmd == "report":
+            return cmd_report(ns, out, err)
+        return cmd_compare(ns, out, err)
+    except (InputError, ConfigError) as exc:
+        print(f"auditor: error: {exc}", file=err)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (``auditor analyze R | head``): nothing more to say.
+        if out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+# --------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_analyze(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    window, overrides = _analysis_args(ns)
+    loaded = load_input(ns.recording, window=window, overrides=overrides, want="recording")
+    _print_problems(loaded, err)
+    if ns.html:
+        _write_html(ns.html, loaded, err)
+    _print_report(loaded.report, json_out=ns.json, out=out)
+    return _status(loaded, err)
+
+
+def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    window, overrides = _analysis_args(ns)
+    loaded = load_input(ns.input, window=window, overrides=overrides)
+    _print_problems(loaded, err)
+    _write_html(ns.html, loaded, err)
+    _print_report(loaded.report, json_out=ns.json, out=out)
+    return _status(loaded, err)
+
+
+def cmd_compare(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    before = load_input(ns.before)
+    after = load_input(ns.after)
+    for loaded in (before, after):
+        _print_problems(loaded, err)
+    result = compare_reports(
+        before.report, after.report, before_source=before.path, after_source=after.path
+    )
+    if ns.json:
+        print(json.dumps(result, indent=2), file=out, flush=True)
+    else:
+        print(render_compare(result), file=out, flush=True)
+    code = 0
+    for loaded in (before, after):
+        if loaded.empty:
+            print(f"auditor: error: {loaded.path}: the recording holds no sample", file=err)
+            code = 1
+    return code
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+
+
+def load_input(
+    path: str,
+    *,
+    window: float | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    want: str | None = None,
+) -> Loaded:
+    """A JSON report or a recording, told apart by content (not by file name)."""
+    kind = sniff(path)
+    if want is not None and kind != want:
+        raise InputError(
+            f"{path}: is a JSON report, not a recording; analyze needs the samples that "
+            "'auditor run --record PATH' writes"
+        )
+    if kind == "report":
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            validate_report(data, source=path)
+        except (OSError, ValueError) as exc:
+            raise InputError(str(exc)) from None
+        return Loaded(path=path, kind="report", report=data)
+    return analyze_recording(path, window=window, overrides=overrides)
+
+
+def sniff(path: str) -> str:
+    """``"report"`` or ``"recording"``; :class:`InputError` for anything else."""
+    p = Path(path)
+    try:
+        with open(p, encoding="utf-8", errors="replace") as fh:
+            first = ""
+            for line in fh:
+                if line.strip():
+                    first = line
+                    break
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    if not first:
+        raise InputError(f"{path}: empty file, not an auditor report or recording")
+    try:
+        head = json.loads(first)
+    except ValueError:
+        head = None
+    if isinstance(head, dict) and head.get("schema") == RECORDING_SCHEMA:
+        return "recording"
+    if isinstance(head, dict) and head.get("schema") == REPORT_SCHEMA:
+        return "report"  # a report on one line
+    if first.lstrip().startswith("{") and head is None:
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and doc.get("schema") == REPORT_SCHEMA:
+            return "report"
+        if isinstance(doc, dict) and "schema" in doc:
+            raise InputError(
+                f"{path}: not an auditor report or recording (schema {doc['schema']!r})"
+            )
+    found = f"schema {head['schema']!r}" if isinstance(head, dict) and "schema" in head else ""
+    raise InputError(
+        f"{path}:1: not an auditor report or recording"
+        + (f" ({found}, expected {REPORT_SCHEMA!r} or {RECORDING_SCHEMA!r})" if found else "")
+    )
+
+
+def analyze_recording(
+    path: str,
+    *,
+    window: float | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Loaded:
+    """The report the live run would have built from these samples (its final verdict)."""
+    try:
+        rec = read_recording(path)
+    except RecordingError as exc:
+        raise InputError(str(exc)) from None
+    # The same warm-up skip as the live run, so a replay gives the live verdict.
+    store = SampleStore(rec.job, warmup_steps=WARMUP_STEPS)
+    store.add(rec.batch)
+    b = rec.batch
+    samples = len(b.steps) + len(b.processes) + len(b.nodes) + len(b.devices)
+    now = store.latest_time()
+    meta = rec.header.get("meta") if isinstance(rec.header.get("meta"), dict) else {}
+    assert isinstance(meta, dict)
+    command = [str(c) for c in meta.get("command") or ()]
+    notes: list[str] = []
+    if rec.problems:
+        n = len(rec.problems)
+        notes.append(f"{n} unreadable line{'' if n == 1 else 's'} of the recording skipped")
+    if window is not None:
+        notes.append(f"findings judge the last {window:g} s of the recording")
+    series: Snapshot | None = None
+    if now is None:
+        now = float(rec.header.get("created") or 0.0)
+        snap = store.snapshot(now, None)
+        findings = []
+        notes.append("the recording holds no training step")
+    else:
+        snap = store.snapshot(now, window)
+        try:
+            findings = analyze(snap, overrides)
+        except ValueError as exc:
+            raise InputError(f"--set: {exc}") from None
+        series = store.snapshot(now, None)
+    report = build_report(
+        command=command,
+        exit_code=None,
+        duration_s=_duration(rec.header, store, now),
+        snapshot=snap,
+        findings=findings,
+        job=rec.job,
+        notes=notes,
+    )
+    return Loaded(
+        path=path,
+        kind="recording",
+        report=report,
+        series=series,
+        problems=list(rec.problems),
+        samples=samples,
+    )
+
+
+def _duration(header: Mapping[str, Any], store: SampleStore, now: float) -> float:
+    """Seconds the run lasted as far as the recording tells: from its creation to the last
+    sample (the live run counts from its start, a moment before the recording opens)."""
+    created = header.get("created")
+    if isinstance(created, (int, float)) and math.isfinite(created) and created <= now:
+        return now - float(created)
+    first = store.first_time()
+    return now - first if first is not None else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _analysis_args(ns: argparse.Namespace) -> tuple[float | None, dict[str, dict[str, Any]]]:
+    window: float | None = None
+    if ns.window is not None:
+        try:
+            window = float(ns.window)
+        except ValueError:
+            raise ConfigError(f"--window: not a number: {ns.window!r}") from None
+        if not math.isfinite(window) or window <= 0:
+            raise ConfigError(f"--window: must be positive: {ns.window}")
+    return window, parse_overrides(ns.set)
+
+
+def _print_problems(loaded: Loaded, err: TextIO) -> None:
+    for problem in loaded.problems:
+        print(f"auditor: error: {problem}; skipped", file=err)
+
+
+def _print_report(report: Mapping[str, Any], *, json_out: bool, out: TextIO) -> None:
+    if json_out:
+        print(json.dumps(report, indent=2), file=out, flush=True)
+    else:
+        print(render_verdict(report), file=out, flush=True)
+
+
+def _write_html(path: str, loaded: Loaded, err: TextIO) -> None:
+    from auditor.report.html import write_html  # plotly is imported only when needed
+
+    try:
+        write_html(
+            path, loaded.report, series=loaded.series, source=loaded.path, problems=loaded.problems
+        )
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the HTML report: {exc.strerror or exc}") from None
+    print(f"auditor: wrote the HTML report to {path}", file=err, flush=True)
+
+
+def _status(loaded: Loaded, err: TextIO) -> int:
+    if loaded.empty:
+        print(f"auditor: error: {loaded.path}: the recording holds no sample", file=err)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """These commands on their own (``python -m auditor.report.commands``), for testing."""
+    parser = argparse.ArgumentParser(prog="auditor")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+    add_subcommands(sub)
+    ns = parser.parse_args(argv)
+    code = dispatch(ns)
+    return 2 if code is None else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,844 @@
+"""The HTML report: one self-contained file that opens offline, built from the JSON report.
+
+Everything the page needs is inside it: the styles, the data, and the plotly.js bundle that
+ships with the ``plotly`` package (inlined once). It fetches nothing when viewed: no CDN, no web
+font, no image. Top to bottom:
+
+* the verdict and the fixes per rank (the same text as the terminal verdict);
+* a stacked bar of each rank's step: data wait, h2d, forward, backward apart from the wait at the
+  all-reduce, optimizer, the collective wait itself (medians, from the report);
+* each rank's step time over the run;
+* a GPU-by-time heatmap of busy time and a memory chart per GPU, where GPUs were seen;
+* DataLoader worker CPU per rank;
+* the evidence behind each finding, the per-rank table and the notes.
+
+The time series come from a :class:`Snapshot` of the whole run (the live run's store, or a
+recording); without one (an HTML page made from a JSON report alone) those plots are left out
+and the page says so.
+
+After plotly has drawn every plot, the page writes what it rendered (trace names and point
+counts per plot) into the hidden ``#auditor-render-status`` element, so a headless browser's
+``--dump-dom`` shows that the plots really rendered.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
+from plotly.subplots import make_subplots
+
+from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.snapshot import SampleStore, Snapshot
+from auditor.report.terminal import (
+    fmt_batch,
+    fmt_duration,
+    fmt_ms,
+    fmt_pct,
+    fmt_rate,
+    ranks_text,
+    render_verdict,
+)
+from auditor.samples import DeviceSample
+
+# The step breakdown, in step order (labels of the stacked bar).
+BREAKDOWN = (
+    "data wait",
+    "h2d",
+    "forward",
+    "backward (own work)",
+    "optimizer",
+    "collective wait",
+)
+_PHASE_COLORS = {
+    "data wait": "#d62728",
+    "h2d": "#9467bd",
+    "forward": "#1f77b4",
+    "backward (own work)": "#2ca02c",
+    "optimizer": "#8c564b",
+    "collective wait": "#bcbd22",
+    "other": "#c7c7c7",
+}
+# Most points one trace carries; longer series are thinned to bucket medians.
+MAX_POINTS = 2_000
+# Most time columns in the GPU heatmap.
+MAX_HEAT_COLUMNS = 240
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
+
+
+# --------------------------------------------------------------------------------------------
+# entry points
+
+
+def write_html_for_run(path: str, report: Mapping[str, Any], store: SampleStore) -> None:
+    """The HTML page of a finished ``auditor run``: its report plus the store's whole run."""
+    write_html(path, report, series=series_snapshot(store))
+
+
+def series_snapshot(store: SampleStore) -> Snapshot | None:
+    """Everything the store holds, as one snapshot (None if it holds no sample at all)."""
+    now = store.latest_time()
+    if now is None:
+        return None
+    return store.snapshot(now, None)
+
+
+def write_html(
+    path: str | os.PathLike[str],
+    report: Mapping[str, Any],
+    *,
+    series: Snapshot | None,
+    source: str = "",
+    problems: Sequence[str] = (),
+) -> None:
+    """Write the page atomically (temp file in the same folder, then rename)."""
+    text = render_html(report, series=series, source=source, problems=problems)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def render_html(
+    report: Mapping[str, Any],
+    *,
+    series: Snapshot | None = None,
+    source: str = "",
+    problems: Sequence[str] = (),
+) -> str:
+    """The whole page as one string."""
+    job: Mapping[str, Any] = report.get("job") or {}
+    ranks = _report_ranks(report)
+    findings = _sorted_findings(report.get("findings") or ())
+    verdict_text = render_verdict(report)
+    headline, severity = _headline(verdict_text, findings)
+
+    figures: list[tuple[str, str, go.Figure | None, str]] = []
+    figures.append(
+        (
+            "breakdown",
+            "Step breakdown per rank (median ms per step)",
+            breakdown_figure(ranks),
+            "No rank has timed steps.",
+        )
+    )
+    no_series = "Not available: this page was made from a JSON report without its samples."
+    figures.append(
+        (
+            "step-time",
+            "Step time per rank over the run",
+            step_time_figure(series) if series else None,
+            no_series if series is None else "No steps were measured.",
+        )
+    )
+    figures.append(
+        (
+            "gpu-busy",
+            "GPU busy time (NVML utilisation) over the run",
+            gpu_busy_figure(series) if series else None,
+            no_series if series is None else "No GPU was seen (a CPU run, or NVML unavailable).",
+        )
+    )
+    figures.append(
+        (
+            "gpu-memory",
+            "GPU memory over the run",
+            gpu_memory_figure(series) if series else None,
+            no_series if series is None else "No GPU memory was measured.",
+        )
+    )
+    figures.append(
+        (
+            "worker-cpu",
+            "DataLoader worker CPU per rank (cores)",
+            worker_cpu_figure(series) if series else None,
+            no_series if series is None else "No DataLoader worker CPU was measured.",
+        )
+    )
+
+    payload = [
+        {"id": f"plot-{key}", "figure": json.loads(pio.to_json(fig, validate=True))}
+        for key, _title, fig, _missing in figures
+        if fig is not None
+    ]
+    plot_sections = "\n".join(
+        _plot_section(key, title, fig is not None, missing) for key, title, fig, missing in figures
+    )
+    title = f"Auditor report: {job.get('name') or 'job'}"
+    generated = str(report.get("generated_at") or "")
+    made = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{_CSS}</style>",
+        # The bundled plotly.js, inline: the page must open without a network.
+        f'<script id="plotlyjs">{get_plotlyjs()}</script>',
+        "</head>",
+        "<body>",
+        "<main>",
+        _verdict_section(headline, severity, job, ranks, findings, verdict_text),
+        plot_sections,
+        _findings_section(findings),
+        _ranks_section(ranks),
+        _notes_section(report, problems),
+        '<footer class="muted">',
+        f"Report {_e(str(report.get('schema') or ''))} generated {_e(generated)}",
+        f"{'from ' + _e(source) + ' ' if source else ''}- page made {_e(made)} by GPU Balance "
+        f"Auditor with plotly.js {_e(get_plotlyjs_version())} embedded; it opens offline.",
+        "</footer>",
+        "</main>",
+        '<div id="auditor-render-status" hidden data-rendered="0" data-expected='
+        f'"{len(payload)}"></div>',
+        f'<script type="application/json" id="auditor-figures">{_script_json(payload)}</script>',
+        f"<script>{_BOOT_JS}</script>",
+        "</body>",
+        "</html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+
+
+def breakdown_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
+    """Stacked bar per rank: the step's phases in ms (medians; 'other' is what they leave)."""
+    timed = [r for r in ranks if _num(r.get("step_s"))]
+    if not timed:
+        return None
+    labels = [f"rank {r['rank']}" for r in timed]
+    values: dict[str, list[float]] = {name: [] for name in (*BREAKDOWN, "other")}
+    for r in timed:
+        parts = breakdown_ms(r)
+        for name in values:
+            values[name].append(parts[name])
+    fig = go.Figure()
+    for name, ys in values.items():
+        if name == "other" and not any(y > 0.05 for y in ys):
+            continue
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=labels,
+                y=[round(y, 3) for y in ys],
+                marker_color=_PHASE_COLORS[name],
+                hovertemplate="%{x}: " + name + " %{y:.1f} ms<extra></extra>",
+            )
+        )
+    steps = [round(float(r["step_s"]) * 1e3, 3) for r in timed]
+    fig.add_trace(
+        go.Scatter(
+            name="step (median)",
+            x=labels,
+            y=steps,
+            mode="markers",
+            marker={"symbol": "line-ew-open", "size": 28, "color": "#222", "line": {"width": 2}},
+            hovertemplate="%{x}: step %{y:.1f} ms<extra></extra>",
+        )
+    )
+    fig.update_layout(barmode="stack", yaxis_title="ms per step")
+    _style(fig, height=400)
+    # Below the bars, clear of the mode bar (the x axis has no title to collide with).
+    fig.update_layout(legend={"y": -0.08, "yanchor": "top", "traceorder": "normal"})
+    return fig
+
+
+def breakdown_ms(rank: Mapping[str, Any]) -> dict[str, float]:
+    """One report rank entry's step split into the breakdown's parts, in ms (0 if unmeasured)."""
+    wait = _num(rank.get("collective_wait_s"))
+    backward = _num(rank.get("backward_s"))
+    parts = {
+        "data wait": _num(rank.get("data_wait_s")),
+        "h2d": _num(rank.get("h2d_s")),
+        "forward": _num(rank.get("forward_s")),
+        "backward (own work)": max(0.0, backward - wait),
+        "optimizer": _num(rank.get("optimizer_s")),
+        "collective wait": wait,
+    }
+    step = _num(rank.get("step_s"))
+    parts["other"] = max(0.0, step - sum(parts.values()))
+    return {k: v * 1e3 for k, v in parts.items()}
+
+
+def step_time_figure(snap: Snapshot) -> go.Figure | None:
+    t0 = _t0(snap)
+    fig = go.Figure()
+    for view in sorted(snap.ranks, key=lambda v: v.info.rank):
+        if not view.steps:
+            continue
+        xs = [s.time - t0 for s in view.steps]
+        ys = [s.step_s * 1e3 for s in view.steps]
+        xs, ys = _thin(xs, ys)
+        fig.add_trace(
+            go.Scatter(
+                name=f"rank {view.info.rank}",
+                x=_r(xs, 3),
+                y=_r(ys, 3),
+                mode="lines",
+                line={"width": 1.5},
+                hovertemplate="%{x:.1f} s: %{y:.1f} ms<extra>" + f"rank {view.info.rank}</extra>",
+            )
+        )
+    if not fig.data:
+        return None
+    fig.update_layout(xaxis_title="seconds since the first sample", yaxis_title="ms per step")
+    return _style(fig, height=360)
+
+
+def gpu_busy_figure(snap: Snapshot) -> go.Figure | None:
+    devices = _devices(snap)
+    if not devices or not any(d.gpu_util is not None for ds in devices.values() for d in ds):
+        return None
+    t0 = _t0(snap)
+    times = [d.time - t0 for ds in devices.values() for d in ds]
+    lo, hi = min(times), max(times)
+    n_cols = max(1, min(MAX_HEAT_COLUMNS, len({round(t, 1) for t in times})))
+    width = (hi - lo) / n_cols if hi > lo else 1.0
+    xs = [round(lo + width * (i + 0.5), 3) for i in range(n_cols)]
+    z: list[list[float | None]] = []
+    labels = []
+    for label, samples in devices.items():
+        buckets: list[list[float]] = [[] for _ in range(n_cols)]
+        for d in samples:
+            if d.gpu_util is None or d.lost:
+                continue
+            i = min(n_cols - 1, int((d.time - t0 - lo) / width)) if hi > lo else 0
+            buckets[i].append(d.gpu_util * 100)
+        z.append([round(statistics.fmean(b), 1) if b else None for b in buckets])
+        labels.append(label)
+    fig = go.Figure(
+        go.Heatmap(
+            name="GPU busy %",
+            x=xs,
+            y=labels,
+            z=z,
+            zmin=0,
+            zmax=100,
+            colorscale="Viridis",
+            colorbar={"title": {"text": "busy %"}},
+            hoverongaps=False,
+            hovertemplate="%{y} at %{x:.0f} s: %{z:.0f}% busy<extra></extra>",
+        )
+    )
+    fig.update_layout(xaxis_title="seconds since the first sample", yaxis_autorange="reversed")
+    return _style(fig, height=max(220, 60 + 34 * len(labels)))
+
+
+def gpu_memory_figure(snap: Snapshot) -> go.Figure | None:
+    devices = {
+        label: ds
+        for label, ds in _devices(snap).items()
+        if any(d.mem_used_bytes is not None for d in ds)
+    }
+    if not devices:
+        return None
+    t0 = _t0(snap)
+    fig = make_subplots(
+        rows=len(devices),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=min(0.08, 0.3 / len(devices)),
+        subplot_titles=list(devices),
+    )
+    gib = float(1 << 30)
+    for row, (label, ds) in enumerate(devices.items(), start=1):
+        used = [d for d in ds if d.mem_used_bytes is not None]
+        xs, ys = _thin([d.time - t0 for d in used], [(d.mem_used_bytes or 0) / gib for d in used])
+        fig.add_trace(
+            go.Scatter(
+                name=f"{label} used",
+                x=_r(xs, 3),
+                y=_r(ys, 3),
+                mode="lines",
+                line={"color": "#1f77b4"},
+                hovertemplate="%{x:.0f} s: %{y:.2f} GiB<extra>" + label + "</extra>",
+                showlegend=row == 1,
+                legendgroup="used",
+            ),
+            row=row,
+            col=1,
+        )
+        totals = [d.mem_total_bytes for d in ds if d.mem_total_bytes is not None]
+        if totals and used:
+            total = max(totals) / gib
+            fig.add_trace(
+                go.Scatter(
+                    name=f"{label} total",
+                    x=[round(used[0].time - t0, 3), round(used[-1].time - t0, 3)],
+                    y=[round(total, 3)] * 2,
+                    mode="lines",
+                    line={"color": "#7f7f7f", "dash": "dot"},
+                    hovertemplate="total %{y:.1f} GiB<extra>" + label + "</extra>",
+                    showlegend=row == 1,
+                    legendgroup="total",
+                ),
+                row=row,
+                col=1,
+            )
+        fig.update_yaxes(title_text="GiB", rangemode="tozero", row=row, col=1)
+    fig.update_xaxes(title_text="seconds since the first sample", row=len(devices), col=1)
+    return _style(fig, height=120 + 170 * len(devices))
+
+
+def worker_cpu_figure(snap: Snapshot) -> go.Figure | None:
+    t0 = _t0(snap)
+    fig = go.Figure()
+    for view in sorted(snap.ranks, key=lambda v: v.info.rank):
+        cpu = list(view.cpu)
+        if not cpu:
+            continue
+        xs, ys = _thin([c.time - t0 for c in cpu], [c.worker_cpu_total for c in cpu])
+        _, ns = _thin([c.time - t0 for c in cpu], [float(c.workers) for c in cpu])
+        fig.add_trace(
+            go.Scatter(
+                name=f"rank {view.info.rank}",
+                x=_r(xs, 3),
+                y=_r(ys, 3),
+                customdata=[round(n) for n in ns],
+                mode="lines",
+                hovertemplate="%{x:.0f} s: %{y:.2f} cores in %{customdata} workers<extra>"
+                + f"rank {view.info.rank}</extra>",
+            )
+        )
+    if not fig.data:
+        return None
+    fig.update_layout(
+        xaxis_title="seconds since the first sample",
+        yaxis_title="cores (all workers of the rank)",
+        yaxis_rangemode="tozero",
+    )
+    return _style(fig, height=320)
+
+
+def _style(fig: go.Figure, *, height: int) -> go.Figure:
+    fig.update_layout(
+        template="plotly_white",
+        height=height,
+        margin={"l": 60, "r": 20, "t": 30, "b": 50},
+        font={"family": FONT, "size": 12},
+        legend={"orientation": "h", "y": -0.2 if height < 300 else 1.02, "yanchor": "bottom"},
+        hovermode="closest",
+    )
+    return fig
+
+
+def _devices(snap: Snapshot) -> dict[str, list[DeviceSample]]:
+    """GPU samples grouped per physical GPU, labelled ``host GPU i`` and sorted."""
+    by_uuid: dict[str, list[DeviceSample]] = {}
+    for d in snap.devices:
+        by_uuid.setdefault(d.uuid or f"{d.node}:{d.index}", []).append(d)
+    keyed = sorted(by_uuid.values(), key=lambda ds: (ds[0].node, ds[0].index, ds[0].uuid))
+    out: dict[str, list[DeviceSample]] = {}
+    for ds in keyed:
+        first = ds[0]
+        label = f"{first.node or 'node'} GPU {first.index}"
+        if label in out:  # two GPUs with the same index on one host name: tell them apart
+            label = f"{label} ({first.uuid[-8:]})"
+        out[label] = sorted(ds, key=lambda d: d.time)
+    return out
+
+
+def _t0(snap: Snapshot) -> float:
+    times = [s.time for v in snap.ranks for s in v.steps[:1]]
+    times += [c.time for v in snap.ranks for c in v.cpu[:1]]
+    times += [d.time for d in snap.devices]
+    finite = [t for t in times if math.isfinite(t)]
+    return min(finite) if finite else 0.0
+
+
+def _thin(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    """At most ``MAX_POINTS`` points: longer series become medians of consecutive buckets."""
+    n = len(xs)
+    if n <= MAX_POINTS:
+        return list(xs), list(ys)
+    size = math.ceil(n / MAX_POINTS)
+    out_x, out_y = [], []
+    for i in range(0, n, size):
+        out_x.append(statistics.median(xs[i : i + size]))
+        out_y.append(statistics.median(ys[i : i + size]))
+    return out_x, out_y
+
+
+def _r(values: Sequence[float], digits: int) -> list[float]:
+    return [round(v, digits) for v in values]
+
+
+# --------------------------------------------------------------------------------------------
+# HTML sections
+
+
+def _verdict_section(
+    headline: str,
+    severity: str,
+    job: Mapping[str, Any],
+    ranks: Sequence[Mapping[str, Any]],
+    findings: Sequence[Mapping[str, Any]],
+    verdict_text: str,
+) -> str:
+    out = [f'<section id="verdict" class="verdict sev-{_e(severity)}">']
+    out.append(f'<h1 id="verdict-headline">{_e(headline)}</h1>')
+    facts = _run_facts(job, len(ranks))
+    if facts:
+        out.append(f'<p class="run">{_e(facts)}</p>')
+    fixes = fixes_by_rank(findings)
+    if fixes:
+        out.append('<h2>What to change, per rank</h2><ul class="fixes" id="fixes">')
+        for rank, items in fixes:
+            for f, fix in items:
+                sev = str(f.get("severity", "info"))
+                tag = f"{f.get('kind')}, {sev}"
+                speed = f.get("predicted_speedup")
+                if isinstance(speed, (int, float)) and speed >= 1.02:
+                    tag += f", predicted {speed:.1f}x"
+                out.append(
+                    f'<li class="sev-{_e(sev)}" data-rank="{rank}"><b>rank {rank}</b>: '
+                    f'{_e(fix)} <span class="muted">({_e(tag)})</span></li>'
+                )
+        out.append("</ul>")
+    elif any(_level(f) >= 1 for f in findings):
+        out.append('<p class="muted">The findings carry no per-rank fix.</p>')
+    out.append(
+        '<details id="verdict-text"><summary>The verdict as the terminal prints it</summary>'
+        f"<pre>{_e(verdict_text)}</pre></details>"
+    )
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def fixes_by_rank(
+    findings: Sequence[Mapping[str, Any]],
+) -> list[tuple[int, list[tuple[Mapping[str, Any], str]]]]:
+    """Every fix of every finding, grouped by rank (ranks in order, most severe finding first)."""
+    grouped: dict[int, list[tuple[Mapping[str, Any], str]]] = {}
+    for f in findings:
+        for key, fix in (f.get("fixes") or {}).items():
+            try:
+                rank = int(key)
+            except (TypeError, ValueError):
+                continue
+            grouped.setdefault(rank, []).append((f, str(fix)))
+    return sorted(grouped.items())
+
+
+def _plot_section(key: str, title: str, present: bool, missing: str) -> str:
+    body = (
+        f'<div class="plot" id="plot-{_e(key)}"></div>'
+        if present
+        else f'<p class="muted missing" id="plot-{_e(key)}-missing">{_e(missing)}</p>'
+    )
+    return f'<section class="chart" id="section-{_e(key)}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _findings_section(findings: Sequence[Mapping[str, Any]]) -> str:
+    out = ['<section id="findings"><h2>Findings and their evidence</h2>']
+    if not findings:
+        out.append('<p class="muted">No finding.</p>')
+    for i, f in enumerate(findings):
+        sev = str(f.get("severity", "info"))
+        ranks = [int(r) for r in f.get("ranks") or ()]
+        head = f"{f.get('kind', '?')} ({sev})"
+        if ranks:
+            head += f": {ranks_text(ranks)}"
+        out.append(f'<article class="finding sev-{_e(sev)}" id="finding-{i}">')
+        out.append(f"<h3>{_e(head)}</h3>")
+        facts = []
+        speed = f.get("predicted_speedup")
+        if isinstance(speed, (int, float)):
+            facts.append(f"predicted speed-up {speed:.2f}x")
+        if f.get("cause"):
+            facts.append(f"caused by {f['cause']}")
+        if facts:
+            out.append(f'<p class="muted">{_e("; ".join(facts))}</p>')
+        if f.get("summary"):
+            out.append(f"<p>{_e(str(f['summary']))}</p>")
+        fixes = f.get("fixes") or {}
+        if fixes:
+            out.append("<ul>")
+            for rank, fix in sorted(fixes.items(), key=lambda kv: str(kv[0]).zfill(6)):
+                out.append(f"<li><b>rank {_e(str(rank))}</b>: {_e(str(fix))}</li>")
+            out.append("</ul>")
+        rows = _flatten(f.get("evidence") or {})
+        if rows:
+            out.append('<table class="evidence"><thead><tr><th>evidence</th><th>value</th>')
+            out.append("</tr></thead><tbody>")
+            for key, value in rows:
+                out.append(f"<tr><td>{_e(key)}</td><td>{_e(value)}</td></tr>")
+            out.append("</tbody></table>")
+        out.append("</article>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _ranks_section(ranks: Sequence[Mapping[str, Any]]) -> str:
+    titles = (
+        "rank",
+        "host",
+        "device",
+        "steps",
+        "step ms",
+        "data %",
+        "compute ms",
+        "wait ms",
+        "batch",
+        "samples/s",
+        "workers",
+        "worker cpu",
+        "rss MiB",
+    )
+    out = ['<section id="ranks"><h2>Per rank (medians per step)</h2>']
+    if not ranks:
+        out.append('<p class="muted">No rank reported.</p></section>')
+        return "\n".join(out)
+    out.append("<table><thead><tr>")
+    out.extend(f"<th>{_e(t)}</th>" for t in titles)
+    out.append("</tr></thead><tbody>")
+    for r in ranks:
+        memory = r.get("memory") or {}
+        rss = memory.get("rss_bytes") if isinstance(memory, Mapping) else None
+        loader = r.get("loader") or {}
+        configured = loader.get("num_workers") if isinstance(loader, Mapping) else None
+        workers = r.get("workers")
+        worker_text = "-" if workers is None else str(workers)
+        if configured is not None:
+            worker_text += f" (of {configured})"
+        cpu = r.get("worker_cpu")
+        cells = [
+            str(r.get("rank")),
+            str(r.get("host") or "-"),
+            str(r.get("device") or "-"),
+            "-" if r.get("steps") is None else str(r.get("steps")),
+            fmt_ms(r.get("step_s")),
+            fmt_pct(r.get("data_wait_ratio")),
+            fmt_ms(r.get("compute_s")),
+            fmt_ms(r.get("collective_wait_s")),
+            fmt_batch(r.get("batch_size")),
+            fmt_rate(r.get("samples_per_s")),
+            worker_text,
+            "-" if cpu is None else f"{cpu:.2f}",
+            "-" if rss is None else f"{rss / (1 << 20):.0f}",
+        ]
+        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    out.append("</tbody></table>")
+    unmeasured = [
+        f"rank {r.get('rank')}: {', '.join(str(p) for p in r.get('unmeasured') or ())}"
+        for r in ranks
+        if r.get("unmeasured")
+    ]
+    if unmeasured:
+        out.append(f'<p class="muted">Not measured: {_e("; ".join(unmeasured))}</p>')
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _notes_section(report: Mapping[str, Any], problems: Sequence[str]) -> str:
+    notes = [str(n) for n in report.get("notes") or ()]
+    if not notes and not problems:
+        return ""
+    out = ['<section id="notes"><h2>Notes</h2><ul>']
+    out.extend(f"<li>{_e(n)}</li>" for n in notes)
+    out.extend(f'<li class="problem">skipped: {_e(p)}</li>' for p in problems)
+    out.append("</ul></section>")
+    return "\n".join(out)
+
+
+def _headline(verdict_text: str, findings: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """The verdict's first sentence (unwrapped) and the severity class of the page."""
+    lines = verdict_text.splitlines()
+    head = [lines[0]] if lines else ["Verdict: -"]
+    for line in lines[1:]:
+        if not line.startswith("    "):
+            break
+        head.append(line.strip())
+    top = max((_level(f) for f in findings), default=0)
+    severity = SEVERITIES[top] if top >= 1 else "ok"
+    if "balanced" not in head[0] and top < 1:
+        severity = "info"
+    return " ".join(head), severity
+
+
+def _run_facts(job: Mapping[str, Any], n_ranks: int) -> str:
+    parts = []
+    if job.get("name"):
+        parts.append(f"job {job['name']}")
+    world = job.get("world_size") or n_ranks
+    if world:
+        parts.append(f"{world} rank{'' if world == 1 else 's'}")
+    if job.get("parallel_mode") and job.get("parallel_mode") != "none":
+        parts.append(str(job["parallel_mode"]))
+    hosts = job.get("hosts") or {}
+    if hosts:
+        parts.append(f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}")
+    duration = job.get("duration_s")
+    if isinstance(duration, (int, float)):
+        parts.append(f"ran {fmt_duration(float(duration))}")
+    code = job.get("exit_code")
+    if isinstance(code, int):
+        parts.append(f"exit code {code}")
+    return "Run: " + ", ".join(parts) if parts else ""
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _report_ranks(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    ranks = [r for r in report.get("ranks") or () if isinstance(r, Mapping)]
+    return sorted(ranks, key=lambda r: int(r.get("rank", 0)))
+
+
+def _level(f: Mapping[str, Any]) -> int:
+    sev = f.get("severity")
+    return SEVERITIES.index(sev) if sev in SEVERITIES else 0
+
+
+def _sorted_findings(findings: Sequence[Any]) -> list[Mapping[str, Any]]:
+    fs = [f for f in findings if isinstance(f, Mapping)]
+
+    def speed(f: Mapping[str, Any]) -> float:
+        s = f.get("predicted_speedup")
+        return float(s) if isinstance(s, (int, float)) else 1.0
+
+    return sorted(fs, key=lambda f: (-_level(f), -speed(f)))
+
+
+def _num(value: Any) -> float:
+    """A measured number, or 0.0 for null (plots stack measured time only)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    v = float(value)
+    return v if math.isfinite(v) else 0.0
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested evidence as ``a.b.c -> value`` rows (lists of scalars stay on one row)."""
+    if isinstance(value, Mapping):
+        rows: list[tuple[str, str]] = []
+        for k, v in value.items():
+            rows.extend(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return rows
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (Mapping, list)) for v in value):
+        rows = []
+        for i, v in enumerate(value):
+            rows.extend(_flatten(v, f"{prefix}[{i}]"))
+        return rows
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(_scalar(v) for v in value)
+    else:
+        text = _scalar(value)
+    return [(prefix or "value", text)]
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside a <script> element (no closing tag or comment opener can appear)."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+_CSS = """
+:root { --crit: #b91c1c; --warn: #b45309; --ok: #15803d; --info: #1d4ed8; --muted: #6b7280; }
+* { box-sizing: border-box; }
+body { margin: 0; background: #f6f7f9; color: #111827;
+  font: 15px/1.45 system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial,
+  sans-serif; }
+main { max-width: 1180px; margin: 0 auto; padding: 18px 22px 40px; }
+section { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; padding: 14px 18px;
+  margin: 0 0 16px; }
+h1 { font-size: 22px; margin: 0 0 6px; }
+h2 { font-size: 17px; margin: 0 0 10px; }
+h3 { font-size: 15px; margin: 0 0 4px; }
+.verdict { border-left: 6px solid var(--info); }
+.verdict.sev-critical { border-left-color: var(--crit); }
+.verdict.sev-warning { border-left-color: var(--warn); }
+.verdict.sev-ok { border-left-color: var(--ok); }
+.verdict.sev-critical h1 { color: var(--crit); }
+.verdict.sev-warning h1 { color: var(--warn); }
+.verdict.sev-ok h1 { color: var(--ok); }
+.fixes { margin: 4px 0 10px; padding-left: 20px; }
+.fixes li { margin: 3px 0; font-size: 16px; }
+.muted { color: var(--muted); }
+pre { background: #f3f4f6; padding: 10px; border-radius: 6px; overflow-x: auto;
+  font: 12.5px/1.35 ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono',
+  monospace; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #e5e7eb; text-align: right; }
+th { background: #f9fafb; }
+td:nth-child(2), th:nth-child(2) { text-align: left; }
+table.evidence td, table.evidence th { text-align: left; }
+.finding { border-top: 1px solid #e5e7eb; padding: 10px 0 6px; }
+.finding:first-of-type { border-top: 0; }
+.finding.sev-critical h3 { color: var(--crit); }
+.finding.sev-warning h3 { color: var(--warn); }
+.plot { width: 100%; min-height: 200px; }
+footer { font-size: 12px; }
+"""
+
+# Draws every figure, then records what was drawn in #auditor-render-status.
+_BOOT_JS = """
+(function () {
+  var status = document.getElementById('auditor-render-status');
+  var figs = JSON.parse(document.getElementById('auditor-figures').textContent);
+  var config = __CONFIG__;
+  var drawn = {};
+  function record(id, gd) {
+    var traces = (gd.data || []).map(function (t) {
+      var n = 0;
+      if (t.z) { t.z.forEach(function (row) { n += (row || []).length; }); }
+      else if (t.y) { n = t.y.length; }
+      return {name: t.name || '', points: n};
+    });
+    drawn[id] = {traces: traces, svg: gd.querySelectorAll('svg.main-svg').length,
+                 drawnTraces: gd.querySelectorAll('.trace, .hm, image').length};
+  }
+  var jobs = figs.map(function (f) {
+    var el = document.getElementById(f.id);
+    return Plotly.newPlot(el, f.figure.data, f.figure.layout, config).then(function (gd) {
+      record(f.id, gd);
+    });
+  });
+  Promise.all(jobs).then(function () {
+    status.setAttribute('data-rendered', String(Object.keys(drawn).length));
+    status.textContent = JSON.stringify(drawn);
+  }, function (err) {
+    status.setAttribute('data-error', String(err));
+  });
+})();
+""".replace("__CONFIG__", json.dumps(_CONFIG))

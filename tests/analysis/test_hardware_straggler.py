@@ -1,0 +1,184 @@
+"""hardware_straggler: a rank on a throttled, low-clocked or narrow-link GPU, waited for."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from auditor.analysis import analyze
+from auditor.analysis.rules import hardware_straggler
+from auditor.analysis.snapshot import Snapshot
+
+from .builders import JobBuilder, RankSpec, balanced
+from .gpus import GpuSpec, attach_gpus, uuid_of
+
+HOT = GpuSpec(throttle=("sw_thermal_slowdown",), sm_clock=1400.0, temperature=88.0, util=0.99)
+SLOW = RankSpec().scaled(1.4)  # 140 ms of compute against 100 ms
+
+
+def job(
+    gpus: list[GpuSpec],
+    specs: list[RankSpec] | None = None,
+    *,
+    link: str = "uuid",
+    parallel_mode: str = "ddp",
+    steps: int = 24,
+) -> Snapshot:
+    j = JobBuilder(specs or balanced(len(gpus)), parallel_mode=parallel_mode).run(steps)
+    attach_gpus(j, gpus, link=link)
+    return j.snapshot()
+
+
+def gpus_with(index: int, gpu: GpuSpec, n: int = 4) -> list[GpuSpec]:
+    out = [GpuSpec()] * n
+    out[index] = gpu
+    return out
+
+
+def slow_rank(index: int, n: int = 4, spec: RankSpec = SLOW) -> list[RankSpec]:
+    out = balanced(n)
+    out[index] = spec
+    return out
+
+
+def test_throttled_gpu_2_blamed_with_reason_fix_and_speedup() -> None:
+    (f,) = hardware_straggler.detect(job(gpus_with(2, HOT), slow_rank(2)))
+    assert f.kind == "hardware_straggler"
+    assert f.ranks == (2,)
+    assert f.evidence["gpus"] == [
+        {"uuid": uuid_of(2), "node": "node0", "index": 2, "model": "NVIDIA H100 80GB HBM3"}
+    ]
+    reasons = f.evidence["per_rank"]["2"]["reasons"]
+    assert reasons[0] == "throttled (sw_thermal_slowdown) in 100% of samples"
+    assert reasons[1].startswith("SM clock at 71% of its maximum")
+    assert f.evidence["per_gpu"][uuid_of(2)]["throttle_share"] == 1.0
+    fix = f.fixes[2]
+    assert fix.startswith("node0 GPU 2 slows down for heat at 88 C: check its cooling")
+    assert f"or move rank 2 off node0 GPU 2 ({uuid_of(2)})" in fix
+    # Compute per sample 1.4x its peers': 32 / 1.4 = 22.9 -> 22.
+    assert "batch_size 32 -> 22" in fix
+    # Barrier model: local 141 ms + 4 ms floor = 145 ms; rank 2 at its peers' 101 ms: 105 ms.
+    assert f.predicted_speedup == pytest.approx(145 / 105, rel=0.02)
+    assert f.severity == "warning"
+
+
+def test_engine_links_the_symptom_to_the_hardware_cause() -> None:
+    findings = analyze(job(gpus_with(2, HOT), slow_rank(2)))
+    kinds = {f.kind: f for f in findings}
+    assert set(kinds) == {"hardware_straggler", "compute_straggler", "utilization_imbalance"}
+    assert kinds["utilization_imbalance"].cause == "hardware_straggler"
+    for f in findings:
+        assert f.ranks == (2,), f.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("gpu", "specs", "kwargs", "expected"),
+    [
+        pytest.param(HOT, slow_rank(2), {}, (2,), id="thermal"),
+        pytest.param(
+            GpuSpec(throttle=("hw_slowdown",)), slow_rank(2), {}, (2,), id="hw-slowdown-only"
+        ),
+        pytest.param(GpuSpec(sm_clock=1500.0), slow_rank(2), {}, (2,), id="low-clock-only"),
+        pytest.param(GpuSpec(pcie_gen=4, pcie_width=8), slow_rank(2), {}, (2,), id="narrow-link"),
+        # Throttled half the time: at the 0.5 default.
+        pytest.param(
+            replace(HOT, sm_clock=1980.0, throttle_share=0.7), slow_rank(2), {}, (2,), id="70%"
+        ),
+        pytest.param(
+            replace(HOT, sm_clock=1980.0, throttle_share=0.7),
+            slow_rank(2),
+            {"min_throttle_share": 0.9},
+            (),
+            id="share-threshold",
+        ),
+        pytest.param(GpuSpec(sm_clock=1800.0), slow_rank(2), {}, (), id="clock-91%-not-low"),
+        pytest.param(GpuSpec(sm_clock=1800.0), slow_rank(2), {"max_clock_ratio": 0.95}, (2,)),
+        # The GPU is hot but its rank keeps pace: nobody waits for it.
+        pytest.param(HOT, balanced(4), {}, (), id="throttled-but-not-waited-for"),
+        # The rank is slow on a healthy GPU: compute_straggler's, not hardware.
+        pytest.param(GpuSpec(), slow_rank(2), {}, (), id="slow-rank-healthy-gpu"),
+        # 1.05x slower: under min_excess.
+        pytest.param(HOT, slow_rank(2, spec=RankSpec().scaled(1.05)), {}, (), id="small-excess"),
+        pytest.param(HOT, slow_rank(2), {"min_steps": 25}, (), id="too-few-steps"),
+        pytest.param(HOT, slow_rank(2), {"min_samples": 1000}, (), id="too-few-samples"),
+    ],
+)
+def test_decision_table(
+    gpu: GpuSpec, specs: list[RankSpec], kwargs: dict, expected: tuple[int, ...]
+) -> None:
+    for link in ("uuid", "pid"):
+        findings = hardware_straggler.detect(job(gpus_with(2, gpu), specs, link=link), **kwargs)
+        assert tuple(r for f in findings for r in f.ranks) == expected, link
+        for f in findings:
+            assert [g["index"] for g in f.evidence["gpus"]] == list(expected)
+
+
+def test_a_node_wide_power_cap_is_the_platform_not_a_straggler() -> None:
+    capped = GpuSpec(throttle=("sw_power_cap",))
+    assert hardware_straggler.detect(job([capped] * 4, slow_rank(2))) == []
+
+
+@pytest.mark.parametrize(
+    ("gpu", "fix_start"),
+    [
+        pytest.param(
+            GpuSpec(throttle=("sw_power_cap",), power_limit=500.0, sm_clock=1500.0),
+            "node0 GPU 2's power limit is 500 W against 700 W on its peers: "
+            "`nvidia-smi -i 2 -pl 700` on node0",
+            id="lower-power-limit",
+        ),
+        pytest.param(
+            GpuSpec(throttle=("sw_power_cap",)),
+            "node0 GPU 2 hits its power cap: check its power supply",
+            id="power-cap",
+        ),
+        pytest.param(
+            GpuSpec(sm_clock=1200.0),
+            "node0 GPU 2 runs low clocks without a throttle reason: reset locked clocks with "
+            "`nvidia-smi -i 2 -rgc` on node0",
+            id="locked-clocks",
+        ),
+        pytest.param(
+            GpuSpec(pcie_gen=3, pcie_width=16),
+            "node0 GPU 2's PCIe link is gen 3/5 x16/16: reseat the card",
+            id="pcie",
+        ),
+    ],
+)
+def test_fix_follows_the_reason(gpu: GpuSpec, fix_start: str) -> None:
+    (f,) = hardware_straggler.detect(job(gpus_with(2, gpu), slow_rank(2)))
+    assert f.fixes[2].startswith(fix_start), f.fixes[2]
+
+
+def test_unmeasured_waits_fall_back_to_the_phases_outside_the_all_reduce() -> None:
+    # Without waits, backward wall time is equal on every rank (it includes the wait); forward
+    # still shows rank 1's slower GPU (42 ms against 30 ms).
+    specs = [replace(s, measure_wait=False) for s in slow_rank(1)]
+    (f,) = hardware_straggler.detect(job(gpus_with(1, HOT), specs))
+    assert f.ranks == (1,)
+    assert f.predicted_speedup is None
+    assert f.evidence["speedup_model"].startswith("not predicted")
+    # A backward-only delay cannot be told from waiting without the wait: silent.
+    specs = [replace(s, measure_wait=False) for s in balanced(4)]
+    specs[1] = replace(specs[1], backward=0.100)
+    assert hardware_straggler.detect(job(gpus_with(1, HOT), specs)) == []
+
+
+def test_a_rank_that_only_waits_is_never_blamed() -> None:
+    # GPU 0 is hot, but rank 0 computes at its peers' pace and waits for rank 3.
+    findings = hardware_straggler.detect(job(gpus_with(0, HOT), slow_rank(3)))
+    assert findings == []
+
+
+def test_dataparallel_and_lost_gpus_are_not_judged() -> None:
+    dp = JobBuilder([RankSpec()], parallel_mode="dataparallel").run(24)
+    attach_gpus(dp, gpus_with(2, HOT), owners=[[0]] * 4)
+    assert hardware_straggler.detect(dp.snapshot()) == []
+    lost = replace(HOT, lost_after=0.0)
+    assert hardware_straggler.detect(job(gpus_with(2, lost), slow_rank(2))) == []
+
+
+def test_no_devices_no_finding() -> None:
+    j = JobBuilder(slow_rank(2)).run(24)
+    assert hardware_straggler.detect(j.snapshot()) == []

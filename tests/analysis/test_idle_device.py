@@ -1,0 +1,113 @@
+"""idle_device: memory held on a GPU that computes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from auditor.analysis import analyze
+from auditor.analysis.rules import idle_device
+from auditor.analysis.snapshot import SampleStore, Snapshot
+from auditor.samples import Batch, GpuProcess
+
+from .builders import JobBuilder, balanced
+from .gpus import GIB, GpuSpec, attach_gpus, uuid_of
+
+MIB = 1024**2
+FREE = GpuSpec(util=0.0, mem_used=4 * MIB, processes=(), throttle=("gpu_idle",))
+STRAY = GpuSpec(
+    util=0.0,
+    mem_used=12 * GIB,
+    processes=(GpuProcess(pid=31337, used_bytes=12 * GIB),),
+    throttle=("gpu_idle",),
+)
+
+
+def two_ranks_on_four_gpus(gpu2: GpuSpec, gpu3: GpuSpec = FREE, *, steps: int = 24) -> Snapshot:
+    """A balanced 2-rank DDP job on GPUs 0 and 1 of a 4-GPU node."""
+    job = JobBuilder(balanced(2)).run(steps)
+    attach_gpus(job, [GpuSpec(), GpuSpec(), gpu2, gpu3], owners=[[0], [1], [], []])
+    return job.snapshot()
+
+
+def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
+    findings = analyze(two_ranks_on_four_gpus(STRAY))
+    assert [f.kind for f in findings] == ["idle_device"]
+    (f,) = findings
+    assert f.ranks == ()
+    assert f.fixes == {}
+    assert f.severity == "warning"
+    assert f.predicted_speedup is None
+    assert f.evidence["gpus"] == [
+        {"uuid": uuid_of(2), "node": "node0", "index": 2, "model": "NVIDIA H100 80GB HBM3"}
+    ]
+    assert f.evidence["pids"] == [31337]
+    assert f.evidence["held_bytes"] == 12 * GIB
+    assert f.summary == "PID 31337 holds 12.0 GiB on idle node0 GPU 2 (no rank of this job)"
+    assert f.evidence["fix"].startswith("free it: PID 31337 holds 12.0 GiB on idle node0 GPU 2")
+    assert "`kill 31337`" in f.evidence["fix"]
+
+
+@pytest.mark.parametrize(
+    ("gpu2", "kwargs", "expected"),
+    [
+        pytest.param(STRAY, {}, [((), 2)], id="stray-pid"),
+        pytest.param(FREE, {}, [], id="free-gpu"),
+        # NVML lists no process (container) but 12 GiB are in use.
+        pytest.param(replace(STRAY, processes=()), {}, [((), 2)], id="unlisted-process"),
+        pytest.param(
+            replace(STRAY, processes=(), mem_used=512 * MIB), {}, [], id="unlisted-under-floor"
+        ),
+        # A listed process counts whatever it holds.
+        pytest.param(
+            replace(STRAY, processes=(GpuProcess(pid=5, used_bytes=300 * MIB),)),
+            {},
+            [((), 2)],
+            id="small-listed-process",
+        ),
+        pytest.param(replace(STRAY, util=0.05), {}, [], id="busy-5%"),
+        pytest.param(replace(STRAY, util=0.05), {"max_util": 0.1}, [((), 2)], id="max-util"),
+        pytest.param(replace(STRAY, util=None), {}, [], id="util-unknown-is-not-idle"),
+        pytest.param(replace(STRAY, lost_after=1.0), {}, [], id="lost-is-not-idle"),
+        pytest.param(STRAY, {"min_steps": 25}, [], id="job-not-running-long-enough"),
+        pytest.param(STRAY, {"min_samples": 1000}, [], id="too-few-samples"),
+    ],
+)
+def test_decision_table(gpu2: GpuSpec, kwargs: dict, expected: list) -> None:
+    findings = idle_device.detect(two_ranks_on_four_gpus(gpu2), **kwargs)
+    assert [(f.ranks, f.evidence["gpus"][0]["index"]) for f in findings] == expected
+
+
+def test_the_owning_rank_is_blamed() -> None:
+    # Rank 1 reports GPU 1 as its device but never computes on it.
+    job = JobBuilder(balanced(2)).run(24)
+    attach_gpus(job, [GpuSpec(), replace(FREE, mem_used=2 * GIB, processes=None)])
+    (f,) = idle_device.detect(job.snapshot())
+    assert f.ranks == (1,)
+    assert f.evidence["gpus"][0]["index"] == 1
+    assert f.fixes[1].startswith("free it: the process holds 2.0 GiB on node0 GPU 1")
+
+
+def test_a_rank_with_a_stray_context_on_an_unowned_idle_gpu_is_blamed() -> None:
+    job = JobBuilder(balanced(2)).run(24)
+    ctx = replace(FREE, mem_used=600 * MIB, processes=(GpuProcess(10_000, 600 * MIB),))
+    attach_gpus(job, [GpuSpec(), GpuSpec(), FREE, ctx], owners=[[0], [1], [], []], link="pid")
+    (f,) = idle_device.detect(job.snapshot())
+    assert f.ranks == (0,)
+    assert f.evidence["gpus"][0]["index"] == 3
+
+
+def test_node_only_view_without_ranks_is_judged() -> None:
+    job = JobBuilder(balanced(2)).run(24)
+    attach_gpus(job, [GpuSpec(), GpuSpec(), STRAY, FREE], owners=[[0], [1], [], []])
+    store = SampleStore()
+    snap = job.snapshot()
+    store.add(Batch(devices=snap.devices))
+    (f,) = idle_device.detect(store.snapshot(now=snap.end, window_s=None))
+    assert (f.ranks, f.evidence["gpus"][0]["index"]) == ((), 2)
+
+
+def test_several_idle_gpus_one_finding_each() -> None:
+    findings = idle_device.detect(two_ranks_on_four_gpus(STRAY, replace(STRAY, mem_used=GIB)))
+    assert [f.evidence["gpus"][0]["index"] for f in findings] == [2, 3]

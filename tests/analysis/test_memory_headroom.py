@@ -1,0 +1,160 @@
+"""memory_headroom: memory = a + b * batch fitted per rank, and the batch that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from auditor.analysis import analyze
+from auditor.analysis.findings import Finding
+from auditor.analysis.rules import memory_headroom
+from auditor.analysis.rules.memory_headroom import fit_memory
+from auditor.analysis.snapshot import SampleStore, Snapshot
+
+from .builders import JobBuilder, RankSpec, balanced
+from .gpus import GIB, H100_TOTAL, GpuSpec, MemoryStore, attach_gpus, batch_at
+
+TOTAL_GIB = H100_TOTAL / GIB  # 79.65
+
+
+def ramp(
+    batches: list[int],
+    *,
+    fixed_gib: float,
+    per_sample_gib: float,
+    overhead_gib: float = 1.0,
+    world: int = 2,
+    steps_each: int = 8,
+    probe: str | None = "mem_peak_bytes",
+    noise: float = 0.0,
+    gpus: bool = True,
+) -> Snapshot:
+    """A DDP job whose batch ramps through ``batches``; memory follows ``a + b * batch``.
+
+    The probe reports ``probe`` (None: no memory from the probe); NVML sees the same plus
+    ``overhead_gib`` (CUDA context and allocator cache).
+    """
+    store: SampleStore = (
+        MemoryStore(fixed_gib * GIB, per_sample_gib * GIB, field=probe, noise=noise)
+        if probe
+        else SampleStore(job="test")
+    )
+    job = JobBuilder(balanced(world), store=store)
+    for b in batches:
+        job.run(steps_each, [RankSpec().scaled(b / 32, batch_size=b)] * world)
+    if gpus:
+        view = job.snapshot().ranks[0]
+        at = batch_at([(s.time, s.batch_size or 0) for s in view.steps])
+
+        def used(t: float) -> int:
+            return int((fixed_gib + overhead_gib + per_sample_gib * at(t)) * GIB)
+
+        attach_gpus(job, [GpuSpec(mem_fn=used)] * world)
+    return job.snapshot()
+
+
+def _only(findings: list[Finding]) -> Finding:
+    assert len(findings) == 1, [f.to_dict() for f in findings]
+    return findings[0]
+
+
+def test_underused_memory_says_the_largest_batch_that_fits() -> None:
+    snap = ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35)
+    f = _only(memory_headroom.detect(snap))
+    assert f.kind == "memory_headroom"
+    assert f.severity == "info"
+    assert f.ranks == (0, 1)
+    assert [g["index"] for g in f.evidence["gpus"]] == [0, 1]
+    row = f.evidence["per_rank"]["0"]
+    assert row["fixed_bytes"] == pytest.approx(6 * GIB, rel=1e-6)
+    assert row["per_sample_bytes"] == pytest.approx(0.35 * GIB, rel=1e-6)
+    assert row["r2"] == pytest.approx(1.0)
+    assert row["batch_sizes"] == [16, 32, 48, 64]
+    assert row["source"] == "probe mem_peak_bytes"
+    # NVML's peak 6 + 1 + 0.35 * 64 = 29.4 GiB against the fitted 28.4: 1 GiB overhead.
+    assert row["overhead_bytes"] == pytest.approx(GIB, rel=0.01)
+    assert row["current_batch"] == 64
+    # floor((0.9 * 79.65 - 6 - 1) / 0.35) = floor(184.8) = 184.
+    assert row["largest_batch"] == int((0.9 * TOTAL_GIB - 7.0) / 0.35)
+    assert f.fixes[0].startswith(f"batch_size 64 -> up to {row['largest_batch']} fits node0 GPU 0")
+    assert "scale the learning rate" in f.fixes[0]
+    assert f.predicted_speedup is None
+
+
+def test_the_engine_adds_nothing_else_for_a_healthy_ramp() -> None:
+    findings = analyze(ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35))
+    assert [(f.kind, f.severity) for f in findings] == [("memory_headroom", "info")]
+
+
+def test_tight_memory_suggests_checkpointing_and_mixed_precision_with_numbers() -> None:
+    # At batch 64: 20 + 1 + 0.85 * 64 = 75.4 GiB > 0.9 * 79.65 = 71.7 GiB.
+    snap = ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
+    f = _only(memory_headroom.detect(snap))
+    assert f.severity == "warning"
+    assert f.ranks == (0, 1)
+    row = f.evidence["per_rank"]["1"]
+    budget = 0.9 * TOTAL_GIB
+    assert row["largest_batch"] == int((budget - 21.0) / 0.85)
+    assert row["largest_batch_checkpointing"] == int((budget - 21.0) / (0.85 / 4))
+    assert row["largest_batch_mixed_precision"] == int((budget - 21.0) / (0.85 / 2))
+    fix = f.fixes[1]
+    assert "gradient checkpointing" in fix
+    assert f"fits up to batch {row['largest_batch_checkpointing']}" in fix
+    assert "torch.autocast" in fix
+    assert f"batch_size 64 -> {row['largest_batch']}" in fix
+
+
+def test_a_dominant_model_part_points_at_optimizer_state_not_the_batch() -> None:
+    snap = ramp([48, 56, 64], fixed_gib=45.0, per_sample_gib=0.45)
+    f = _only(memory_headroom.detect(snap))
+    assert f.severity == "warning"
+    assert "the model part alone is 46.0 GiB" in f.fixes[0]
+    assert "FSDP" in f.fixes[0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule_kwargs", "expected"),
+    [
+        pytest.param({}, {}, "info", id="ramp"),
+        # One batch size: nothing to fit.
+        pytest.param({"batches": [32]}, {}, None, id="one-batch-size"),
+        # Fitted from NVML alone (no probe memory): the same answer.
+        pytest.param({"probe": None}, {}, "info", id="nvml-only"),
+        pytest.param({"probe": "mem_allocated_bytes"}, {}, "info", id="allocated"),
+        # No GPU sampled: the total is unknown.
+        pytest.param({"gpus": False}, {}, None, id="no-gpu-total"),
+        # Peak 29.4 GiB is 37% of the GPU: above a 30% "underused" mark.
+        pytest.param({}, {"underused": 0.3}, None, id="underused-threshold"),
+        pytest.param({"noise": 0.3}, {"min_r2": 0.99}, None, id="noisy-fit"),
+        pytest.param({}, {"min_steps": 40}, None, id="too-few-steps"),
+    ],
+)
+def test_decision_table(kwargs: dict, rule_kwargs: dict, expected: str | None) -> None:
+    args = {"batches": [16, 32, 48, 64], "fixed_gib": 6.0, "per_sample_gib": 0.35, **kwargs}
+    findings = memory_headroom.detect(ramp(**args), **rule_kwargs)
+    assert [f.severity for f in findings] == ([expected] if expected else [])
+
+
+def test_nvml_only_fit_recovers_the_model() -> None:
+    snap = ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35, probe=None)
+    row = _only(memory_headroom.detect(snap)).evidence["per_rank"]["0"]
+    assert row["source"] == "nvml mem_used_bytes"
+    # NVML includes the 1 GiB overhead in the fixed part.
+    assert row["fixed_bytes"] == pytest.approx(7 * GIB, rel=0.01)
+    assert row["per_sample_bytes"] == pytest.approx(0.35 * GIB, rel=0.01)
+
+
+def test_memory_pressure_ranks_are_left_to_it() -> None:
+    snap = ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
+    prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,), summary="x"),)
+    f = _only(memory_headroom.detect(snap, prior=prior))
+    assert f.ranks == (1,)
+
+
+def test_fit_memory_needs_two_batch_sizes() -> None:
+    snap = ramp([32], fixed_gib=6.0, per_sample_gib=0.35, gpus=False)
+    assert fit_memory(snap.ranks[0], None) is None
+    snap = ramp([16, 32], fixed_gib=6.0, per_sample_gib=0.35, gpus=False)
+    fit = fit_memory(snap.ranks[0], None)
+    assert fit is not None
+    assert fit.predict(100) == pytest.approx((6.0 + 35.0) * GIB)
+    assert fit.largest_batch(41.0 * GIB) == 100

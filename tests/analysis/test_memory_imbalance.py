@@ -1,0 +1,152 @@
+"""memory_imbalance: a rank's GPU holding far more memory than its peers', and who to blame."""
+
+from __future__ import annotations
+
+import pytest
+
+from auditor.analysis import analyze
+from auditor.analysis.rules import dataparallel_gather, memory_imbalance
+from auditor.analysis.snapshot import SampleStore, Snapshot
+from auditor.samples import Batch, GpuProcess, RankInfo, StepSample
+
+from .builders import JobBuilder, RankSpec, balanced
+from .gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from .test_dataparallel_gather import dp_snapshot
+
+
+def ddp_mem_snapshot(
+    mem_gib: list[float], *, link: str = "uuid", gpu0_procs: dict[int, float] | None = None
+) -> Snapshot:
+    """A balanced 4-rank DDP job, rank ``i`` on GPU ``i`` holding ``mem_gib[i]``.
+
+    ``gpu0_procs`` lists what each rank's process holds on GPU 0 (stray allocations).
+    """
+    job = JobBuilder(balanced(len(mem_gib))).run(24)
+    gpus = [GpuSpec(mem_used=int(m * GIB)) for m in mem_gib]
+    if gpu0_procs is not None:
+        procs = tuple(
+            GpuProcess(pid=10_000 + r, used_bytes=int(b * GIB)) for r, b in gpu0_procs.items()
+        )
+        gpus[0] = GpuSpec(mem_used=int(sum(gpu0_procs.values()) * GIB), processes=procs)
+    attach_gpus(job, gpus, link=link)
+    return job.snapshot()
+
+
+@pytest.mark.parametrize(
+    ("mem", "kwargs", "expected"),
+    [
+        pytest.param([36, 36, 60, 36], {}, [((2,), 2, "info")], id="rank2-1.67x"),
+        pytest.param([36, 36, 70, 36], {}, [((2,), 2, "warning")], id="rank2-near-full"),
+        pytest.param([60, 36, 36, 36], {}, [((0,), 0, "info")], id="rank0"),
+        pytest.param([36, 50.4, 36, 36], {}, [], id="1.4x-under-threshold"),
+        pytest.param([36, 50.4, 36, 36], {"min_ratio": 1.3}, [((1,), 1, "info")], id="1.3"),
+        # Twice the memory of a small model, but only 0.5 GiB more.
+        pytest.param([1, 0.5, 0.5, 0.5], {}, [], id="small-model"),
+        pytest.param([36, 60], {}, [((1,), 1, "info")], id="two-ranks"),
+        pytest.param([36, 36, 60, 36], {"min_steps": 25}, [], id="too-few-steps"),
+        pytest.param([36, 36, 36, 36], {}, [], id="balanced"),
+    ],
+)
+def test_decision_table(mem: list[float], kwargs: dict, expected: list) -> None:
+    for link in ("uuid", "pid"):
+        findings = memory_imbalance.detect(ddp_mem_snapshot(mem, link=link), **kwargs)
+        got = [(f.ranks, f.evidence["gpus"][0]["index"], f.severity) for f in findings]
+        assert got == expected, link
+        for f in findings:
+            assert f.evidence["gpus"][0]["uuid"] == uuid_of(f.evidence["gpus"][0]["index"])
+            assert f.predicted_speedup is None
+            assert set(f.fixes) == set(f.ranks)
+
+
+def test_owner_blamed_with_evidence_and_fix() -> None:
+    (f,) = memory_imbalance.detect(ddp_mem_snapshot([36, 36, 60, 36]))
+    assert f.ranks == (2,)
+    assert f.evidence["ratio_to_peers"] == pytest.approx(60 / 36, abs=0.01)
+    assert f.evidence["excess_bytes"] == pytest.approx(24 * GIB, rel=0.01)
+    assert f.evidence["per_gpu"][uuid_of(2)]["ranks"] == [2]
+    assert f.fixes[2].startswith("rank 2 holds 24.0 GiB more than its peers on node0 GPU 2")
+
+
+@pytest.mark.parametrize("link", ["uuid", "pid"])
+def test_stray_allocations_blame_the_ranks_that_make_them(link: str) -> None:
+    # Every rank loaded a 6 GiB checkpoint onto cuda:0: GPU 0 holds 36 + 3 x 6 = 54 GiB.
+    snap = ddp_mem_snapshot([36, 36, 36, 36], link=link, gpu0_procs={0: 36, 1: 6, 2: 6, 3: 6})
+    (f,) = memory_imbalance.detect(snap)
+    assert f.ranks == (1, 2, 3)
+    assert f.evidence["gpus"][0]["index"] == 0
+    assert set(f.evidence["stray_processes"]) == {"1", "2", "3"}
+    for r in (1, 2, 3):
+        assert f.fixes[r].startswith(f"rank {r} holds 6.0 GiB on node0 GPU 0, which is rank 0's")
+        assert "torch.cuda.set_device(local_rank)" in f.fixes[r]
+        assert "map_location" in f.fixes[r]
+
+
+def test_small_stray_contexts_leave_the_owner_blamed() -> None:
+    # 0.5 GiB contexts of the other ranks are not what makes GPU 0 hold 24 GiB more.
+    snap = ddp_mem_snapshot([36, 36, 36, 36], gpu0_procs={0: 58.5, 1: 0.5, 2: 0.5, 3: 0.5})
+    (f,) = memory_imbalance.detect(snap)
+    assert f.ranks == (0,)
+
+
+def test_dataparallel_gpu_other_than_the_primary() -> None:
+    (f,) = memory_imbalance.detect(dp_snapshot([32, 32, 48, 32]))
+    assert f.ranks == (0,)
+    assert f.evidence["gpus"][0]["index"] == 2
+    assert "cuda:2" in f.fixes[0]
+
+
+def test_gpus_named_by_the_gather_are_not_repeated() -> None:
+    snap = dp_snapshot([56, 32, 32, 32])
+    prior = dataparallel_gather.detect(snap)
+    assert [f.kind for f in prior] == ["dataparallel_gather", "memory_imbalance"]
+    assert memory_imbalance.detect(snap, prior=tuple(prior)) == []
+    # Without the gather's finding, this rule names GPU 0 itself (1.75x >= 1.5x).
+    (alone,) = memory_imbalance.detect(snap)
+    assert alone.evidence["gpus"][0]["index"] == 0
+    # Through the engine: exactly one memory_imbalance, from the gather.
+    mems = [f for f in analyze(snap) if f.kind == "memory_imbalance"]
+    assert [f.cause for f in mems] == ["dataparallel_gather"]
+
+
+def _probe_only(peaks_gib: list[float], steps: int = 12) -> Snapshot:
+    store = SampleStore()
+    store.add(
+        Batch(
+            infos=tuple(
+                RankInfo(rank=r, world_size=len(peaks_gib), parallel_mode="ddp")
+                for r in range(len(peaks_gib))
+            )
+        )
+    )
+    for i in range(steps):
+        store.add(
+            Batch(
+                steps=tuple(
+                    StepSample(
+                        rank=r,
+                        step=i,
+                        time=100.0 + i * 0.1,
+                        step_s=0.1,
+                        forward_s=0.05,
+                        backward_s=0.05,
+                        batch_size=32,
+                        mem_peak_bytes=int(p * GIB),
+                    )
+                    for r, p in enumerate(peaks_gib)
+                )
+            )
+        )
+    return store.snapshot(now=200.0, window_s=None)
+
+
+def test_without_nvml_the_probe_peaks_are_compared() -> None:
+    (f,) = memory_imbalance.detect(_probe_only([20, 20, 34, 20]))
+    assert f.ranks == (2,)
+    assert f.evidence["gpus"] == []
+    assert f.evidence["ratio_to_peers"] == pytest.approx(1.7)
+    assert memory_imbalance.detect(_probe_only([20, 20, 24, 20])) == []
+
+
+def test_lone_rank_or_empty_snapshot() -> None:
+    assert memory_imbalance.detect(ddp_mem_snapshot([60])) == []
+    assert memory_imbalance.detect(JobBuilder([RankSpec()]).snapshot()) == []
