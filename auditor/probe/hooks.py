@@ -79,6 +79,7 @@ class Probe:
         self.loader: LoaderConfig | None = None
         self.worker_pids: tuple[int, ...] = ()
         self.unmeasured: set[str] = set()
+        self.device_uuids: tuple[str, ...] = ()
         self._info_sent: dict[str, Any] | None = None
         self._workers_sent: tuple[int, ...] | None = None
         self.model: Any = None
@@ -135,6 +136,7 @@ class Probe:
             device=self.device,
             parallel_mode=self.parallel_mode,
             devices=self.devices,
+            device_uuids=self.device_uuids,
             loader=self.loader,
             unmeasured=tuple(sorted(self.unmeasured)),
             job=self.job,
@@ -159,6 +161,20 @@ class Probe:
         if steps:
             msgs.append(step_message(self.rank(), steps))
         return msgs
+
+    def _uuids(self) -> tuple[str, ...]:
+        """NVML UUIDs (``GPU-...``) of the devices this process drives, so the node agent can
+        tell which GPU is whose; empty where torch cannot say."""
+        try:
+            c = self.torch.cuda
+            indices = self.devices or (c.current_device(),)
+            out = []
+            for i in indices:
+                uuid = str(c.get_device_properties(i).uuid)
+                out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            return tuple(out)
+        except Exception:
+            return ()
 
     def _cuda_memory(self) -> tuple[int | None, int | None, int | None]:
         try:
@@ -190,6 +206,7 @@ class Probe:
             self.clock.use(CudaTimer(self.torch), memory=self._cuda_memory)
             if self.device == "cpu":
                 self.device = f"cuda:{self.torch.cuda.current_device()}"
+            self.device_uuids = self._uuids()
         self.sink.start()
         atexit.register(self.shutdown)
         return True
