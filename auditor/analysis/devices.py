@@ -23,9 +23,9 @@ the samples read before it was lost: it must never read as an idle GPU.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from auditor.samples import DeviceSample, GpuProcess, RankInfo
 
@@ -36,6 +36,8 @@ GIB = 1024**3
 # Throttle (clock-event) reasons that say nothing about the GPU's health: an idle GPU lowers its
 # clocks by design.
 IDLE_REASONS = frozenset({"gpu_idle"})
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,20 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
 
 
 def device_stats(snapshot: Snapshot) -> dict[str, DeviceStats]:
-    """Per-GPU figures over the snapshot's window, keyed by UUID."""
+    """Per-GPU figures over the snapshot's window, keyed by UUID (computed once per snapshot)."""
+    return _once(snapshot, "_device_stats", _device_stats)
+
+
+def _once(snapshot: Snapshot, key: str, compute: Callable[[Snapshot], _T]) -> _T:
+    """Memoise a derived figure on the (frozen, immutable) snapshot: every device rule asks for
+    the same stats and owners, and recomputing them per rule cost most of an evaluation."""
+    cache = snapshot.__dict__
+    if key not in cache:
+        cache[key] = compute(snapshot)
+    return cache[key]
+
+
+def _device_stats(snapshot: Snapshot) -> dict[str, DeviceStats]:
     by_uuid: dict[str, list[DeviceSample]] = {}
     for d in snapshot.devices:
         by_uuid.setdefault(d.uuid, []).append(d)
@@ -259,6 +274,11 @@ def _one_device(samples: list[DeviceSample]) -> DeviceStats:
 
 
 def gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
+    """Every GPU (by UUID) mapped to the ranks on it (computed once per snapshot)."""
+    return _once(snapshot, "_gpu_owners", _gpu_owners)
+
+
+def _gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
     """Every GPU (by UUID) mapped to the ranks on it; ``()`` for a GPU no rank owns.
 
     GPUs come from the device samples and from the ranks' own ``device_uuids`` (a rank may name a

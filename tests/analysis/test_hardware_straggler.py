@@ -66,7 +66,8 @@ def test_throttled_gpu_2_blamed_with_reason_fix_and_speedup() -> None:
 def test_engine_links_the_symptom_to_the_hardware_cause() -> None:
     findings = analyze(job(gpus_with(2, HOT), slow_rank(2)))
     kinds = {f.kind: f for f in findings}
-    assert set(kinds) == {"hardware_straggler", "compute_straggler", "utilization_imbalance"}
+    # compute_straggler leaves the rank to hardware_straggler, which explains it.
+    assert set(kinds) == {"hardware_straggler", "utilization_imbalance"}
     assert kinds["utilization_imbalance"].cause == "hardware_straggler"
     for f in findings:
         assert f.ranks == (2,), f.to_dict()

@@ -49,7 +49,6 @@ EXPECTED: list[Any] = [
         "throttled_gpu",
         {
             ("hardware_straggler", (2,), (2,)),
-            ("compute_straggler", (2,), ()),
             ("utilization_imbalance", (2,), (2,)),
         },
         id="throttled_gpu",

@@ -52,7 +52,10 @@ def detect(
     waits = {r: s.collective_wait_s for r, s in stats.items()}
     step = statistics.median(s.step_s for s in stats.values())
 
-    contended = {r for f in prior if f.kind == "cpu_oversubscription" for r in f.ranks}
+    # Ranks whose slowness an earlier finding already explains: their own DataLoader workers
+    # oversubscribing the host, or a throttled / slower GPU.
+    explained = ("cpu_oversubscription", "hardware_straggler")
+    contended = {r for f in prior if f.kind in explained for r in f.ranks}
     blamed: dict[int, dict[str, float]] = {}
     for r in stats:
         if r in contended:
