@@ -7,6 +7,7 @@ what "now" is.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -66,6 +67,15 @@ class Snapshot:
             if n.host == host and (latest is None or n.time > latest.time):
                 latest = n
         return latest
+
+    def host_cpu(self, host: str) -> tuple[float, float] | None:
+        """``(cores, busy cores)`` of a host over the window; busy is the median sample, so
+        start-up and shut-down do not dilute a saturated steady state. None if never sampled."""
+        samples = [n for n in self.nodes if n.host == host]
+        if not samples:
+            return None
+        busy = statistics.median(n.busy_cores for n in samples)
+        return max(samples, key=lambda n: n.time).cores, busy
 
     def hosts(self) -> dict[str, list[int]]:
         """Ranks grouped by host."""

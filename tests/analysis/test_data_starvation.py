@@ -194,3 +194,26 @@ def test_decision_table(specs: list, thresholds: dict, expected_ranks: tuple[int
 def test_silent_below_min_steps() -> None:
     assert data_starvation.detect(ddp_snapshot(starved_rank3(), steps=7)) == []
     assert _only(data_starvation.detect(ddp_snapshot(starved_rank3(), steps=8))).ranks == (3,)
+
+
+@pytest.mark.parametrize(
+    ("busy", "raises"),
+    [
+        # 8 workers at 0.09 cores each on a saturated host: CPU-bound workers sharing what little
+        # is left, not I/O-bound ones. More of them would only oversubscribe the host.
+        pytest.param(16.0, False, id="saturated-host"),
+        # The same low CPU per worker with 8 idle cores: they wait on storage; more help.
+        pytest.param(8.0, True, id="idle-cores"),
+    ],
+)
+def test_low_cpu_per_worker_means_io_bound_only_with_cores_to_spare(
+    busy: float, raises: bool
+) -> None:
+    specs = starved_rank3(num_workers=8, worker_cpu=0.09)
+    snap = ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=16, busy_cores=busy)})
+    f = _only(data_starvation.detect(snap))
+    m = re.match(r"num_workers (\d+) -> (\d+)", f.fixes[3])
+    if raises:
+        assert m is not None and int(m.group(2)) > 8, f.fixes[3]
+    else:
+        assert m is None and "no free CPU" in f.fixes[3], f.fixes[3]

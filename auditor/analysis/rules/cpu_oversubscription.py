@@ -7,10 +7,9 @@ Decision: the host is at least ``min_host_busy`` busy, the workers of its ranks 
 cores, and a rank runs more workers than its data needs. A worker can use a whole core, so a rank
 whose workers together use ``w`` cores needs ``ceil(margin * w)`` of them; the rest only add
 runnable processes, memory (one dataset copy each) and start-up cost to a host that has no CPU
-to spare. Counted are ranks whose workers use at least ``min_worker_cpu`` cores together; a
-starved rank (data wait at least ``starved_ratio`` of the step) whose workers use less than
-``io_bound_cpu`` cores each is waiting on storage, not on the CPU, and is left alone
-(``data_starvation`` may rightly ask for more of its workers).
+to spare. Counted are ranks whose workers use at least ``min_worker_cpu`` cores together. Low CPU
+per worker is no sign of I/O-bound workers here: on a saturated host, many CPU-bound workers
+each get a sliver of a core.
 
 Fix: lower ``num_workers`` to what the data needs and the free cores allow (at least 1); it never
 raises it. Predicted speed-up: not predicted. In steady state the same decoding work runs on fewer
@@ -22,7 +21,6 @@ when the workers outnumber the free cores ``severe_ratio`` times or more, else `
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 from ..findings import Finding
@@ -38,9 +36,7 @@ def detect(
     min_host_busy: float = 0.85,
     margin: float = 1.25,
     severe_ratio: float = 2.0,
-    io_bound_cpu: float = 0.15,
     min_worker_cpu: float = 0.25,
-    starved_ratio: float = 0.15,
     min_samples: int = 3,
 ) -> list[Finding]:
     """Find hosts whose ranks run more DataLoader workers than there are free cores.
@@ -50,30 +46,18 @@ def detect(
         min_host_busy: share of the host's cores in use that counts as saturated.
         margin: head-room on the workers a rank's measured worker CPU needs.
         severe_ratio: workers / free cores at which the finding is a warning.
-        io_bound_cpu: CPU (cores) per worker below which a starved rank's workers are I/O-bound.
         min_worker_cpu: CPU (cores) a rank's workers must use together to be counted.
-        starved_ratio: data wait share of the step above which a rank counts as starved.
         min_samples: host CPU samples needed in the window.
     """
     stats = ready(snapshot.stats, min_steps)
     findings: list[Finding] = []
     for host, ranks in sorted(snapshot.hosts().items()):
         node_samples = [n for n in snapshot.nodes if n.host == host]
-        rs = [
-            r
-            for r in ranks
-            if r in stats
-            and (stats[r].worker_cpu or 0.0) >= min_worker_cpu
-            and not (
-                stats[r].data_wait_ratio >= starved_ratio
-                and (stats[r].worker_cpu_each or 0.0) < io_bound_cpu
-            )
-        ]
-        if len(node_samples) < min_samples or not rs:
+        cpu = snapshot.host_cpu(host)
+        rs = [r for r in ranks if r in stats and (stats[r].worker_cpu or 0.0) >= min_worker_cpu]
+        if len(node_samples) < min_samples or not rs or cpu is None:
             continue
-        cores = node_samples[-1].cores
-        # Median: start-up and shut-down samples must not dilute a saturated steady state.
-        busy_cores = statistics.median(n.busy_cores for n in node_samples)
+        cores, busy_cores = cpu
         if busy_cores < min_host_busy * cores:
             continue
         mains = {r: stats[r].main_cpu or 0.0 for r in ranks if r in stats}

@@ -13,10 +13,11 @@ The fix sizes ``num_workers`` from what was measured:
   slowest rank's, whichever is longer (faster than the job's pace buys nothing);
 * ``b = ceil(margin * L / T)`` workers would keep up, capped by the cores the rank's workers may
   use (idle cores plus what its workers use now) divided by the CPU one worker was measured to
-  use (1 core where unmeasured). Workers below ``io_bound_cpu`` cores each wait on storage, not
-  on the CPU, so their count is not capped by cores. When the host has no room, raising workers
-  would only oversubscribe it: the fix says so, and the speed-up is the upper bound of removing
-  the wait (named as such in the evidence).
+  use (1 core where unmeasured). Workers below ``io_bound_cpu`` cores each, on a host with a core
+  to spare, wait on storage rather than on the CPU, so their count is not capped by cores. (On a
+  saturated host low CPU per worker proves nothing: many CPU-bound workers share few cores.)
+  When the host has no room, raising workers would only oversubscribe it: the fix says so, and
+  the speed-up is the upper bound of removing the wait (named as such in the evidence).
 
 Assumptions: workers run independently (no shared lock in the dataset), and loading time per
 batch does not depend on the number of workers (true for decoding and for a storage backend
@@ -80,8 +81,16 @@ def detect(
         free = _free_cores(
             snapshot, s, starved_on_host=sum(1 for q in hosts.get(s.host, []) if q in starved)
         )
+        idle = _idle_cores(snapshot, s.host)
         plan = _worker_plan(
-            s, job_pace, free, margin=margin, max_workers=max_workers, io_bound_cpu=io_bound_cpu
+            s,
+            job_pace,
+            free,
+            margin=margin,
+            max_workers=max_workers,
+            io_bound=s.worker_cpu_each is not None
+            and s.worker_cpu_each < io_bound_cpu
+            and (idle is None or idle >= 1.0),
         )
         current = s.loader.num_workers if s.loader else None
         # Even a fed rank waits a little per batch (hand-off from the workers): the peers'
@@ -148,13 +157,17 @@ def _work_s(s: RankStats) -> float:
     return max(1e-6, s.local_s - s.data_wait_s)
 
 
+def _idle_cores(snapshot: Snapshot, host: str) -> float | None:
+    cpu = snapshot.host_cpu(host)
+    return None if cpu is None else max(0.0, cpu[0] - cpu[1])
+
+
 def _free_cores(snapshot: Snapshot, s: RankStats, *, starved_on_host: int) -> float | None:
     """Cores this rank's workers may use in all: idle cores shared among the host's starved
     ranks, plus what its workers use now. None where the host was never sampled."""
-    node = snapshot.node_cpu(s.host)
-    if node is None:
+    idle = _idle_cores(snapshot, s.host)
+    if idle is None:
         return None
-    idle = max(0.0, node.cores - node.busy_cores)
     if s.worker_cpu is not None:
         own = s.worker_cpu
     else:  # unmeasured: assume each current worker keeps a core busy
@@ -169,14 +182,14 @@ def _worker_plan(
     *,
     margin: float,
     max_workers: int,
-    io_bound_cpu: float,
+    io_bound: bool,
 ) -> _Plan:
     current = s.loader.num_workers if s.loader else 0
     load_s = s.data_wait_s if current == 0 else current * s.step_s
     target = max(_work_s(s), job_pace)
     needed = min(max_workers, max(current + 1, math.ceil(margin * load_s / target)))
     each = s.worker_cpu_each
-    if each is not None and each < io_bound_cpu:
+    if io_bound:
         cap = max_workers  # waiting on storage: more workers cost memory, not CPU
     else:
         room = 1.0 if free_cores is None else free_cores
