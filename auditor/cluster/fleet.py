@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from auditor.files import write_text_atomic
 
 from .monitor import discover_devices, start_monitor
 
@@ -368,25 +368,5 @@ class Fleet:
         text = json.dumps(self.targets(), indent=2) + "\n"
         if text == self._sd_written:
             return
-        write_atomic(self.sd_file, text)
+        write_text_atomic(self.sd_file, text)
         self._sd_written = text
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` by writing a temporary file beside it and renaming it over."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".sd-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -28,10 +28,8 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -41,6 +39,7 @@ from plotly.subplots import make_subplots
 
 from auditor.analysis.findings import SEVERITIES
 from auditor.analysis.snapshot import SampleStore, Snapshot
+from auditor.files import write_text_atomic
 from auditor.report.terminal import (
     fmt_batch,
     fmt_duration,
@@ -104,20 +103,7 @@ def write_html(
     problems: Sequence[str] = (),
 ) -> None:
     """Write the page atomically (temp file in the same folder, then rename)."""
-    text = render_html(report, series=series, source=source, problems=problems)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, render_html(report, series=series, source=source, problems=problems))
 
 
 def render_html(

@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -37,6 +35,7 @@ from typing import Any
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import RankStats
+from auditor.files import write_text_atomic
 
 SCHEMA = "auditor.report/v1"
 
@@ -135,22 +134,7 @@ def build_report(
 
 def write_report(path: str | Path, report: Mapping[str, Any]) -> None:
     """Write ``report`` to ``path`` atomically (temp file in the same folder, then rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, json.dumps(report, indent=2, allow_nan=False) + "\n")
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

@@ -14,10 +14,11 @@ import pytest
 
 from auditor.cli import main
 from auditor.cluster.agent import NodeAgentCore
-from auditor.cluster.fleet import node_name, write_atomic
+from auditor.cluster.fleet import node_name
 from auditor.cluster.monitor import GpuMonitorCore, discover_devices, pull_latest
 from auditor.cluster.runtime import InProcessAgent
 from auditor.config import FLEET_OPTIONS, device_source
+from auditor.files import write_text_atomic
 from auditor.samples import DeviceSample
 from auditor.telemetry.sources import RecordedDeviceSource
 from tests.cluster.gpus import MODEL, gpu_uuid, write_gpus
@@ -249,8 +250,10 @@ def test_node_name_prefers_the_auditor_node_resource() -> None:
 
 def test_sd_file_is_replaced_whole(tmp_path: Path) -> None:
     path = tmp_path / "sd" / "auditor.json"
-    write_atomic(str(path), json.dumps([{"targets": ["127.0.0.1:1"], "labels": {"node": "a"}}]))
-    write_atomic(str(path), "[]\n")
+    write_text_atomic(
+        str(path), json.dumps([{"targets": ["127.0.0.1:1"], "labels": {"node": "a"}}])
+    )
+    write_text_atomic(str(path), "[]\n")
     assert json.loads(path.read_text()) == []
     assert [p.name for p in path.parent.iterdir()] == ["auditor.json"]  # no temporary left
 
