@@ -30,7 +30,7 @@ from auditor.cluster.launcher import (
     exit_code_of,
     reap_descendants,
 )
-from auditor.cluster.runtime import AgentHandle, start_agent
+from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_address, start_agent
 from auditor.config import RunConfig
 from auditor.report.json_report import build_report, write_report
 from auditor.report.terminal import render_live, render_verdict
@@ -86,6 +86,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     """Run the job under the auditor; returns the job's exit code."""
     out = out or sys.stderr
     check_command(cfg.command)  # raises LaunchError before anything starts
+    if not cfg.no_ray:
+        check_address(cfg.address)
     job = cfg.job_name
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
@@ -129,11 +131,22 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             # ray.init replaces the SIGTERM handler with sys.exit: a SIGTERM during its start-up
             # arrives here. Treat it as the signal it was: forward it and carry on to the report.
             signals.forward(signal.SIGTERM)
-        except Exception as exc:  # the job keeps running unaudited rather than dying
-            notes.append(f"no node agent: {type(exc).__name__}: {exc}")
-            print(
-                f"auditor: could not start the node agent ({exc}); the job runs unaudited", file=out
-            )
+        except Exception as exc:
+            # The job keeps running either way. An agent in this process still takes the
+            # ranks' samples (and lets them flush at exit without waiting for one).
+            note = f"node agent on Ray failed ({type(exc).__name__}: {exc}); it ran in-process"
+            try:
+                agent = InProcessAgent(
+                    device_source=cfg.device_source,
+                    job=job,
+                    sink_path=sink,
+                    metrics_host=cfg.metrics_host,
+                    metrics_port=cfg.metrics_port,
+                )
+            except Exception as again:
+                note = f"no node agent ({exc}; in-process: {again}): the job ran unaudited"
+            notes.append(note)
+            print(f"auditor: {note}", file=out)
         signals.install()  # again: ray.init installed its own SIGTERM handler over ours
         findings = _live_loop(cfg, child, agent, store, started, out)
         code = child.wait()

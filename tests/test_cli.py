@@ -25,6 +25,8 @@ from auditor.config import RUN_OPTIONS
         (["run", "--window", "-3", "--", "true"], "--window"),
         (["run", "--set", "data_starvation", "--", "true"], "--set"),
         (["run", "--bogus", "--", "true"], "unrecognized arguments"),
+        (["run", "--address", "127.0.0.1:1", "--", "true"], "cannot reach the Ray cluster"),
+        (["run", "--address", "nohostport", "--", "true"], "--address"),
     ],
 )
 def test_errors_are_one_line_and_exit_2(

@@ -11,11 +11,13 @@ still audited; the report notes it.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, Protocol
 
 from auditor.samples import Batch
 
 from .agent import NodeAgentCore, ray_actor_class
+from .launcher import LaunchError
 from .monitor import GpuMonitorCore, discover_devices, start_monitor
 
 log = logging.getLogger(__name__)
@@ -164,6 +166,22 @@ class RayAgent:
                 pass
         if ray.is_initialized():
             ray.shutdown()
+
+
+def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
+    """Refuse an unreachable ``--address`` before the job starts: ``ray.init`` would otherwise
+    retry for minutes while the job runs unaudited. ``auto`` and ``ray://`` are left to Ray."""
+    if not address or address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise LaunchError(f"--address: expected HOST:PORT of a Ray cluster, got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise LaunchError(f"cannot reach the Ray cluster at {address}: {reason}") from None
 
 
 def start_agent(

@@ -216,7 +216,17 @@ class Probe:
             return
         self.active = False
         self.clock.flush_open()
-        self.sink.close()
+        self.sink.close(timeout_s=self._exit_wait_s())
+
+    def _exit_wait_s(self) -> float:
+        """How long a rank's exit may wait for its agent to take the last samples. A launcher
+        that named the sink has its agent coming (Ray may still be starting): wait for it. With
+        no launcher and no agent listening, do not hold the job's exit at all."""
+        if "AUDITOR_EXIT_WAIT_S" in os.environ:
+            return float(os.environ["AUDITOR_EXIT_WAIT_S"])
+        if os.environ.get("AUDITOR_SINK"):
+            return 15.0
+        return 2.0 if os.path.exists(self.sink_path) else 0.0
 
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) must not report as the rank it was forked from."""

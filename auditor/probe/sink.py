@@ -149,7 +149,9 @@ class Sink:
         self._next_connect = time.monotonic() + 1.0
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Final flush (waiting briefly for the agent if it is still starting), then close."""
+        """Final flush, then close. Returns as soon as everything is written; waits up to
+        ``timeout_s`` only while the agent is not there yet or not reading (a job shorter than
+        Ray's start-up must not lose its samples)."""
         self._stop.set()
         self._wake.set()
         deadline = time.monotonic() + timeout_s
@@ -165,7 +167,8 @@ class Sink:
                 break
             time.sleep(0.1)
         with self._lock:
-            if self._sock is not None:
+            # Never after half a line: the agent would read the fragment and "bye" as one line.
+            if self._sock is not None and not self._out:
                 try:
                     self._sock.sendall(encode({"type": "bye"}))
                 except OSError:
