@@ -263,20 +263,7 @@ def _roomy(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin
         f"{gpus[first].label}: a batch of up to {row['largest_batch']} fits "
         f"(now {row['current_batch']})"
     )
-    return Finding(
-        kind="memory_headroom",
-        severity="info",
-        ranks=tuple(sorted(rows)),
-        summary=summary,
-        evidence={
-            "gpus": [gpus[r].ref for r in sorted(rows)],
-            "per_rank": {str(r): row for r, row in sorted(rows.items())},
-            "margin": margin,
-            "speedup_model": SPEEDUP_NOTE,
-        },
-        fixes=fixes,
-        predicted_speedup=None,
-    )
+    return _finding("info", rows, gpus, margin, summary, fixes)
 
 
 def _tight(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin: float) -> Finding:
@@ -310,9 +297,21 @@ def _tight(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin
         f"({fmt_gib(rows[first]['predicted_at_current_bytes'])} of "
         f"{fmt_gib(rows[first]['total_bytes'])})"
     )
+    return _finding("warning", rows, gpus, margin, summary, fixes)
+
+
+def _finding(
+    severity: str,
+    rows: dict[int, dict[str, Any]],
+    gpus: dict[int, DeviceStats],
+    margin: float,
+    summary: str,
+    fixes: dict[int, str],
+) -> Finding:
+    """Both verdicts carry the same evidence: the fit per rank, its GPU and the margin."""
     return Finding(
         kind="memory_headroom",
-        severity="warning",
+        severity=severity,
         ranks=tuple(sorted(rows)),
         summary=summary,
         evidence={
