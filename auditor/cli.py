@@ -7,6 +7,9 @@ auditor probe-path                      the folder to put on PYTHONPATH to opt a
 auditor analyze RECORDING               the verdict of a recorded run (--json, --html)
 auditor report RECORDING --html PATH    a self-contained HTML report of a recording or report
 auditor compare BEFORE AFTER            two runs side by side: findings gone, measured speed-up
+auditor serve --prometheus-url URL      audit every running job from Prometheus, export findings
+auditor dashboards render|push          regenerate the Grafana dashboards and rules; upload them
+auditor replay RECORDING                serve a recording as a live node endpoint (demos, tests)
 """
 
 from __future__ import annotations
@@ -33,8 +36,14 @@ from .config import (
     resolve,
     run_config,
 )
-from .report.commands import add_subcommands as add_report_commands
-from .report.commands import dispatch as dispatch_report_command
+from .metrics import commands as metrics_commands
+from .ops import commands as ops_commands
+from .report import commands as report_commands
+from .service import commands as service_commands
+
+# Subcommands owned by their layers: each module adds its parsers and dispatches its own names
+# (returning None for a name it does not own).
+COMMAND_MODULES = (report_commands, service_commands, ops_commands, metrics_commands)
 
 
 class UsageError(Exception):
@@ -75,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "probe-path", help="print the folder that opts a job into the probe via PYTHONPATH"
     )
-    add_report_commands(sub)
+    for module in COMMAND_MODULES:
+        module.add_subcommands(sub)
     return parser
 
 
@@ -119,9 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run(cfg)
             except LaunchError as exc:
                 raise UsageError(str(exc)) from None
-        code = dispatch_report_command(ns)
-        if code is not None:
-            return code
+        for module in COMMAND_MODULES:
+            code = module.dispatch(ns)
+            if code is not None:
+                return code
         raise UsageError(f"unknown command: {ns.cmd}")
     except (UsageError, ConfigError) as exc:
         print(f"auditor: error: {exc}", file=sys.stderr)

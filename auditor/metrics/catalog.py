@@ -56,9 +56,12 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
 # ``auditor_rank_info`` and the GPU's model name. A label outside this set is a catalog bug.
 COMMON_LABELS = ("job", "node", "rank", "local_rank", "gpu", "uuid")
 INFO_LABELS = ("device", "parallel_mode", "world_size")
+# Descriptive labels of ``auditor_rank_dataloader_info``: one series per rank, the settings the
+# rank's DataLoader was built with (what ``auditor serve`` needs to write a fix).
+LOADER_INFO_LABELS = ("pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
 GPU_INFO_LABELS = ("model",)
 LABELS: frozenset[str] = frozenset(
-    COMMON_LABELS + INFO_LABELS + GPU_INFO_LABELS + tuple(LABEL_VALUES)
+    COMMON_LABELS + INFO_LABELS + LOADER_INFO_LABELS + GPU_INFO_LABELS + tuple(LABEL_VALUES)
 )
 
 # Units a metric may declare, and the name suffix each one requires ("" = dimensionless count).
@@ -197,6 +200,15 @@ RANK_DATALOADER_CONFIG_WORKERS = MetricSpec(
     unit="",
     help="num_workers the rank's DataLoader is configured with.",
     labels=RANK,
+)
+
+RANK_DATALOADER_INFO = MetricSpec(
+    name="auditor_rank_dataloader_info",
+    type="gauge",
+    unit="",
+    help="Always 1; the rank's DataLoader settings as labels (pin_memory and persistent_workers "
+    "are true/false, prefetch_factor and batch_size empty where unset).",
+    labels=(*RANK, *LOADER_INFO_LABELS),
 )
 
 # --- per node -------------------------------------------------------------------------------------
@@ -387,6 +399,81 @@ FINDING_PREDICTED_SPEEDUP = MetricSpec(
     labels=("job", "kind", "rank"),
 )
 
+# --- per job, from ``auditor serve`` -----------------------------------------------------------
+JOB_IMBALANCE_RATIO = MetricSpec(
+    name="auditor_job_imbalance_ratio",
+    type="gauge",
+    unit="ratio",
+    help="1 - fastest/slowest local step time across the job's ranks over the analysis window "
+    "(time the least-loaded rank waits at each step, as a share); 0 = balanced.",
+    labels=("job",),
+)
+JOB_RANKS = MetricSpec(
+    name="auditor_job_ranks",
+    type="gauge",
+    unit="",
+    help="Ranks of the job that the latest evaluation judged.",
+    labels=("job",),
+)
+JOB_PREDICTED_SPEEDUP = MetricSpec(
+    name="auditor_job_predicted_speedup",
+    type="gauge",
+    unit="",
+    help="Largest predicted speed-up (x) among the job's current findings; 1.0 = nothing to gain.",
+    labels=("job",),
+)
+
+# --- the analysis service's own health (``auditor serve``) --------------------------------------
+SERVE_PROMETHEUS_UP = MetricSpec(
+    name="auditor_serve_prometheus_up",
+    type="gauge",
+    unit="",
+    help="1 if the latest evaluation reached Prometheus and got answers, 0 while it cannot.",
+    labels=(),
+)
+SERVE_LAST_EVALUATION_TIMESTAMP_SECONDS = MetricSpec(
+    name="auditor_serve_last_evaluation_timestamp_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Wall-clock time (seconds since the epoch) of the latest successful evaluation.",
+    labels=(),
+)
+SERVE_EVALUATION_SECONDS = MetricSpec(
+    name="auditor_serve_evaluation_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Duration of the latest successful evaluation, queries included.",
+    labels=(),
+)
+SERVE_ANALYSIS_SECONDS = MetricSpec(
+    name="auditor_serve_analysis_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Part of the latest evaluation spent building snapshots and running the rules.",
+    labels=(),
+)
+SERVE_EVALUATIONS_TOTAL = MetricSpec(
+    name="auditor_serve_evaluations_total",
+    type="counter",
+    unit="",
+    help="Evaluations that completed.",
+    labels=(),
+)
+SERVE_FAILURES_TOTAL = MetricSpec(
+    name="auditor_serve_failures_total",
+    type="counter",
+    unit="",
+    help="Evaluations that failed (Prometheus unreachable, slow or answering errors).",
+    labels=(),
+)
+SERVE_JOBS = MetricSpec(
+    name="auditor_serve_jobs",
+    type="gauge",
+    unit="",
+    help="Running jobs the latest evaluation found.",
+    labels=(),
+)
+
 CATALOG: tuple[MetricSpec, ...] = (
     RANK_INFO,
     RANK_UP,
@@ -401,6 +488,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     RANK_CPU_CORES,
     RANK_DATALOADER_WORKERS,
     RANK_DATALOADER_CONFIG_WORKERS,
+    RANK_DATALOADER_INFO,
     NODE_CPU_CORES,
     NODE_CPU_BUSY_CORES,
     NODE_LOAD1,
@@ -426,6 +514,16 @@ CATALOG: tuple[MetricSpec, ...] = (
     GPU_PROCESSES,
     FINDING,
     FINDING_PREDICTED_SPEEDUP,
+    JOB_IMBALANCE_RATIO,
+    JOB_RANKS,
+    JOB_PREDICTED_SPEEDUP,
+    SERVE_PROMETHEUS_UP,
+    SERVE_LAST_EVALUATION_TIMESTAMP_SECONDS,
+    SERVE_EVALUATION_SECONDS,
+    SERVE_ANALYSIS_SECONDS,
+    SERVE_EVALUATIONS_TOTAL,
+    SERVE_FAILURES_TOTAL,
+    SERVE_JOBS,
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOG}

@@ -113,7 +113,19 @@ def render(state: ExportState) -> list[Metric]:
         )
         out.add(C.RANK_UP, base, 0 if rank in ended else 1)
         if info.loader is not None:
-            out.add(C.RANK_DATALOADER_CONFIG_WORKERS, base, info.loader.num_workers)
+            loader = info.loader
+            out.add(C.RANK_DATALOADER_CONFIG_WORKERS, base, loader.num_workers)
+            out.add(
+                C.RANK_DATALOADER_INFO,
+                {
+                    **base,
+                    "pin_memory": _flag(loader.pin_memory),
+                    "persistent_workers": _flag(loader.persistent_workers),
+                    "prefetch_factor": _optional(loader.prefetch_factor),
+                    "batch_size": _optional(loader.batch_size),
+                },
+                1,
+            )
 
         proc = cpu.get(rank)
         if proc is not None:
@@ -196,6 +208,14 @@ def render(state: ExportState) -> list[Metric]:
                 )
 
     return list(out.families())
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _optional(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 _MHZ = 1e6  # NVML reports clocks in MHz; the metrics are in hertz.

@@ -145,6 +145,10 @@ def test_scope_labels(metric: MetricSpec) -> None:
         assert metric.labels[:2] == ("job", "node")
     elif metric.name.startswith("auditor_gpu_"):
         assert metric.labels[:6] == ("node", "gpu", "uuid", "model", "job", "rank")
+    elif metric.name.startswith("auditor_job_"):
+        assert metric.labels == ("job",)
+    elif metric.name.startswith("auditor_serve_"):
+        assert metric.labels == ()  # the service's own health: one series per service
     else:
         assert metric.name.startswith("auditor_finding")
         assert {"job", "kind", "rank"} <= set(metric.labels)

@@ -239,6 +239,16 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
     ("auditor_rank_dataloader_workers", r(1), 0),
     ("auditor_rank_dataloader_config_workers", r(0), 4),
     ("auditor_rank_dataloader_config_workers", r(1), 0),
+    (
+        "auditor_rank_dataloader_info",
+        r(0, pin_memory="true", persistent_workers="false", prefetch_factor="2", batch_size="32"),
+        1,
+    ),
+    (
+        "auditor_rank_dataloader_info",
+        r(1, pin_memory="false", persistent_workers="false", prefetch_factor="", batch_size="16"),
+        1,
+    ),
     ("auditor_node_cpu_cores", {"job": JOB, "node": NODE}, 16.0),
     ("auditor_node_cpu_busy_cores", {"job": JOB, "node": NODE}, 3.5),
     ("auditor_node_load1", {"job": JOB, "node": NODE}, 2.25),

@@ -1,0 +1,138 @@
+"""Recording rules: the per-rank and per-job quantities the dashboards and the alert rules share.
+
+Each rule is written once here, from catalog names, and rendered into
+``deploy/prometheus/rules/auditor.rules.yml``; dashboards and alerts refer to the recorded name,
+so a panel and the alert that fires on it cannot disagree about what "data wait" or "GPU busy"
+means. Names follow Prometheus' ``level:metric:operations`` convention.
+
+Windows: ``1m`` for step-level rates (a scrape every 15 s gives four points), ``5m`` for the GPU
+busy averages the "underused" alerts judge (one slow minute is not underuse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from auditor.metrics import catalog as C
+
+
+@dataclass(frozen=True)
+class RecordingRule:
+    """One recording rule: the recorded series name, its PromQL and what it means."""
+
+    record: str
+    expr: str
+    help: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"record": self.record, "expr": self.expr}
+
+
+STEP_WINDOW = "1m"
+GPU_WINDOW = "5m"
+
+_steps = C.RANK_STEPS_TOTAL.name
+_step_s = C.RANK_STEP_SECONDS_TOTAL.name
+_phase_s = C.RANK_PHASE_SECONDS_TOTAL.name
+_samples = C.RANK_SAMPLES_TOTAL.name
+_gpu_util = C.GPU_UTILIZATION_RATIO.name
+_gpu_up = C.GPU_UP.name
+
+RANK_STEPS_RATE = RecordingRule(
+    record="auditor:rank_steps:rate1m",
+    expr=f"rate({_steps}[{STEP_WINDOW}])",
+    help="Steps per second of each rank.",
+)
+RANK_STEP_SECONDS_MEAN = RecordingRule(
+    record="auditor:rank_step_seconds:mean1m",
+    expr=f"rate({_step_s}[{STEP_WINDOW}]) / rate({_steps}[{STEP_WINDOW}])",
+    help="Mean step time of each rank (seconds).",
+)
+RANK_PHASE_SECONDS_MEAN = RecordingRule(
+    record="auditor:rank_phase_seconds:mean1m",
+    expr=(
+        f"rate({_phase_s}[{STEP_WINDOW}])"
+        f" / ignoring(phase) group_left rate({_steps}[{STEP_WINDOW}])"
+    ),
+    help="Mean time per step in each phase (seconds); collective_wait is part of backward.",
+)
+RANK_PHASE_RATIO = RecordingRule(
+    record="auditor:rank_phase:ratio1m",
+    expr=(
+        f"rate({_phase_s}[{STEP_WINDOW}])"
+        f" / ignoring(phase) group_left rate({_step_s}[{STEP_WINDOW}])"
+    ),
+    help="Share of each rank's step time spent in each phase, 0..1 (data_wait: starvation).",
+)
+RANK_BUSY_RATIO = RecordingRule(
+    record="auditor:rank_busy:ratio1m",
+    expr=(
+        f"clamp_min(1 - sum without(phase) "
+        f'(rate({_phase_s}{{phase=~"data_wait|collective_wait"}}[{STEP_WINDOW}]))'
+        f" / rate({_step_s}[{STEP_WINDOW}]), 0)"
+    ),
+    help="Share of each rank's step time not spent waiting for data or for its peers, 0..1.",
+)
+RANK_SAMPLES_RATE = RecordingRule(
+    record="auditor:rank_samples:rate1m",
+    expr=f"rate({_samples}[{STEP_WINDOW}])",
+    help="Training samples per second of each rank.",
+)
+JOB_SAMPLES_RATE = RecordingRule(
+    record="auditor:job_samples:rate1m",
+    expr=f"sum by (job) ({RANK_SAMPLES_RATE.record})",
+    help="Training samples per second of each job (all ranks).",
+)
+GPU_UTILIZATION_AVG = RecordingRule(
+    record="auditor:gpu_utilization:avg5m",
+    expr=f"avg_over_time({_gpu_util}[{GPU_WINDOW}])",
+    help="Busy time of each GPU averaged over 5 minutes, 0..1.",
+)
+NODE_JOB_GPUS = RecordingRule(
+    record="auditor:node_job_gpus:count",
+    expr=f'count by (node, job) ({_gpu_up}{{job!=""}} == 1)',
+    help="GPUs each job holds on each node (GPUs whose monitor answers).",
+)
+NODE_JOB_GPU_UTILIZATION_AVG = RecordingRule(
+    record="auditor:node_job_gpu_utilization:avg5m",
+    expr=f'avg by (node, job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})',
+    help="Mean 5-minute busy time of the GPUs one job holds on one node, 0..1.",
+)
+JOB_GPUS = RecordingRule(
+    record="auditor:job_gpus:count",
+    expr=f'count by (job) ({_gpu_up}{{job!=""}} == 1)',
+    help="GPUs each job holds across the cluster.",
+)
+JOB_GPU_UTILIZATION_AVG = RecordingRule(
+    record="auditor:job_gpu_utilization:avg5m",
+    expr=f'avg by (job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})',
+    help="Mean 5-minute busy time of all the GPUs one job holds, 0..1.",
+)
+JOB_GPU_UTILIZATION_SPREAD = RecordingRule(
+    record="auditor:job_gpu_utilization:spread5m",
+    expr=(
+        f'max by (job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})'
+        f' - min by (job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})'
+    ),
+    help="Busiest minus idlest GPU of one job (5-minute busy time), 0..1.",
+)
+
+# Order matters: Prometheus evaluates a group's rules in order, so a rule reading another
+# recorded series comes after it and sees the same evaluation's value.
+RECORDING_RULES: tuple[RecordingRule, ...] = (
+    RANK_STEPS_RATE,
+    RANK_STEP_SECONDS_MEAN,
+    RANK_PHASE_SECONDS_MEAN,
+    RANK_PHASE_RATIO,
+    RANK_BUSY_RATIO,
+    RANK_SAMPLES_RATE,
+    JOB_SAMPLES_RATE,
+    GPU_UTILIZATION_AVG,
+    NODE_JOB_GPUS,
+    NODE_JOB_GPU_UTILIZATION_AVG,
+    JOB_GPUS,
+    JOB_GPU_UTILIZATION_AVG,
+    JOB_GPU_UTILIZATION_SPREAD,
+)
+
+RECORDED: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
