@@ -215,6 +215,80 @@ DOCTOR_OPTIONS: tuple[Option, ...] = (
 )
 
 
+def _url(text: str) -> str:
+    from auditor.metrics.query import check_url
+
+    return check_url(text)
+
+
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--prometheus-url",
+        "prometheus_url",
+        "the Prometheus server that scrapes the auditor's node endpoints",
+        _url,
+        "http://127.0.0.1:9090",
+    ),
+    Option("--host", "host", "address the service's HTTP endpoint binds", str, "127.0.0.1"),
+    Option("--port", "port", "port of the service's HTTP endpoint (0: any free)", _port, 9410),
+    Option("--interval", "interval", "seconds between evaluations", _positive, 15.0),
+    Option("--window", "window", "seconds of samples each evaluation judges", _positive, 60.0),
+    Option(
+        "--stale-after",
+        "stale_after",
+        "a job whose ranks' endpoints were last seen longer ago than this is not running "
+        "(default: max(30, window/2))",
+        _positive,
+    ),
+    Option(
+        "--query-timeout",
+        "query_timeout",
+        "seconds each Prometheus query may take",
+        _positive,
+        10.0,
+    ),
+    Option(
+        "--max-backoff",
+        "max_backoff",
+        "longest wait between retries while Prometheus is unreachable (seconds)",
+        _positive,
+        60.0,
+    ),
+    Option(
+        "--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"
+    ),
+    Option(
+        "--once",
+        "once",
+        "evaluate once, print the jobs and findings as JSON on stdout and exit "
+        "(1 if Prometheus cannot be queried)",
+        _bool,
+        False,
+        True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    prometheus_url: str = "http://127.0.0.1:9090"
+    host: str = "127.0.0.1"
+    port: int = 9410
+    interval: float = 15.0
+    window: float = 60.0
+    stale_after: float | None = None
+    query_timeout: float = 10.0
+    max_backoff: float = 60.0
+    set: str | None = None
+    once: bool = False
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def serve_config(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
+    values = resolve(ns, SERVE_OPTIONS, env)
+    return ServeConfig(overrides=parse_overrides(values.get("set")), **values)
+
+
 @dataclass(frozen=True)
 class FleetConfig:
     address: str
@@ -263,7 +337,10 @@ def resolve(
 
 
 def parse_overrides(text: str | None) -> dict[str, dict[str, Any]]:
-    """``rule.threshold=value,...`` into ``{rule: {threshold: number}}``."""
+    """``rule.threshold=value,...`` into ``{rule: {threshold: number}}``; rule and threshold
+    names are checked here, so a typo is refused before anything starts."""
+    from auditor.analysis.engine import check_overrides
+
     out: dict[str, dict[str, Any]] = {}
     if not text:
         return out
@@ -280,6 +357,10 @@ def parse_overrides(text: str | None) -> dict[str, dict[str, Any]]:
         except ValueError:
             raise ConfigError(f"--set: {key} needs a number, got {value!r}") from None
         out.setdefault(rule, {})[name] = number
+    try:
+        check_overrides(out)
+    except ValueError as exc:
+        raise ConfigError(f"--set: {exc}") from None
     return out
 
 

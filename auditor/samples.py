@@ -96,6 +96,9 @@ class StepSample:
     mem_allocated_bytes: int | None = None
     mem_reserved_bytes: int | None = None
     mem_peak_bytes: int | None = None
+    # Steps this sample stands for: 1 from the probe; more when ``auditor serve`` rebuilds the
+    # mean step of a scrape interval from Prometheus counters. Statistics weight by it.
+    count: int = 1
 
     # Compact wire form: a list in this field order (NDJSON rows stay small on the hot path).
     @classmethod
@@ -118,7 +121,8 @@ class StepSample:
         return self.h2d_s + self.forward_s + max(0.0, self.backward_s - wait) + self.optimizer_s
 
 
-_WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample))
+# ``count`` stays off the wire: a rank always sends single steps.
+_WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample) if f.name != "count")
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,9 @@ class NodeCpu:
     cores: float
     busy_cores: float
     load1: float
+    # Samples this one stands for: 1 from a host sampler; more when ``auditor serve`` rebuilds
+    # the window's median from Prometheus.
+    samples: int = 1
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeCpu:

@@ -4,15 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# promtool (Debian's prometheus package) checks the exported metrics; headless chromium opens
-# the HTML report. No service is started.
-if ! command -v promtool >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+# promtool (Debian's prometheus package) checks the exported metrics and the deploy/ configs,
+# amtool (prometheus-alertmanager) the Alertmanager config; headless chromium opens the HTML
+# report. No service is started.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1 \
+  || ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      prometheus chromium >/dev/null
+      prometheus prometheus-alertmanager chromium >/dev/null
   else
-    echo "tests/run.sh: promtool/chromium missing and cannot apt-get install (not root)" >&2
+    echo "tests/run.sh: promtool/amtool/chromium missing and cannot apt-get install (not root)" >&2
   fi
 fi
 

@@ -166,10 +166,10 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
 
 def device_stats(snapshot: Snapshot) -> dict[str, DeviceStats]:
     """Per-GPU figures over the snapshot's window, keyed by UUID (computed once per snapshot)."""
-    return _once(snapshot, "_device_stats", _device_stats)
+    return once(snapshot, "_device_stats", _device_stats)
 
 
-def _once(snapshot: Snapshot, key: str, compute: Callable[[Snapshot], _T]) -> _T:
+def once(snapshot: Snapshot, key: str, compute: Callable[[Snapshot], _T]) -> _T:
     """Memoise a derived figure on the (frozen, immutable) snapshot: every device rule asks for
     the same stats and owners, and recomputing them per rule cost most of an evaluation."""
     cache = snapshot.__dict__
@@ -182,7 +182,11 @@ def _device_stats(snapshot: Snapshot) -> dict[str, DeviceStats]:
     by_uuid: dict[str, list[DeviceSample]] = {}
     for d in snapshot.devices:
         by_uuid.setdefault(d.uuid, []).append(d)
-    return {uuid: _one_device(sorted(ds, key=lambda d: d.time)) for uuid, ds in by_uuid.items()}
+    out = {g.uuid: g for g in snapshot.gpus}
+    out.update(
+        {uuid: _one_device(sorted(ds, key=lambda d: d.time)) for uuid, ds in by_uuid.items()}
+    )
+    return out
 
 
 def _median(values: Iterable[float | int | None]) -> float | None:
@@ -275,7 +279,7 @@ def _one_device(samples: list[DeviceSample]) -> DeviceStats:
 
 def gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
     """Every GPU (by UUID) mapped to the ranks on it (computed once per snapshot)."""
-    return _once(snapshot, "_gpu_owners", _gpu_owners)
+    return once(snapshot, "_gpu_owners", _gpu_owners)
 
 
 def _gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
@@ -285,11 +289,13 @@ def _gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
     GPU that was never sampled).
     """
     infos = [v.info for v in snapshot.ranks]
-    owners: dict[str, set[int]] = {d.uuid: set() for d in snapshot.devices}
+    owners: dict[str, set[int]] = {g.uuid: set() for g in snapshot.gpus}
+    owners.update({d.uuid: set() for d in snapshot.devices})
     for info in infos:
         for uuid in info.device_uuids:
             owners.setdefault(uuid, set()).add(info.rank)
-    index = {d.uuid: d.index for d in snapshot.devices}
+    index = {g.uuid: g.index for g in snapshot.gpus}
+    index.update({d.uuid: d.index for d in snapshot.devices})
     seen = _pid_sightings(snapshot, [i for i in infos if not i.device_uuids])
     for rank, sightings in seen.items():
         info = next(i for i in infos if i.rank == rank)

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from .findings import Finding
 from .rules import RULES
 from .snapshot import Snapshot
+
+
+def check_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> None:
+    """ValueError naming the first unknown rule or threshold, so a typo in ``--set`` is refused
+    before a job starts or a service runs, not at the first verdict."""
+    unknown = set(overrides) - set(RULES)
+    if unknown:
+        raise ValueError(
+            f"unknown rule(s): {', '.join(sorted(unknown))}; rules: {', '.join(RULES)}"
+        )
+    for name, kwargs in overrides.items():
+        params = inspect.signature(RULES[name]).parameters
+        known = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+        known = [p for p in known if p != "prior"]
+        bad = sorted(set(kwargs) - set(known))
+        if bad:
+            raise ValueError(
+                f"{name}: unknown threshold(s) {', '.join(bad)}; thresholds: {', '.join(known)}"
+            )
 
 
 def analyze(

@@ -12,10 +12,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
 
 from .stats import RankStats, rank_stats
+
+if TYPE_CHECKING:
+    from .devices import DeviceStats
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,11 @@ class RankView:
     steps: tuple[StepSample, ...]
     cpu: tuple[ProcessCpu, ...] = ()
     ended: bool = False
+
+    @property
+    def step_count(self) -> int:
+        """Steps in the window (a sample rebuilt from counters stands for several)."""
+        return sum(s.count for s in self.steps)
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,10 @@ class Snapshot:
     nodes: tuple[NodeCpu, ...] = ()
     # GPU samples (NVML, or a recording) inside the window, every device of every node.
     devices: tuple[DeviceSample, ...] = ()
+    # Per-GPU figures over the window computed elsewhere, for GPUs with no samples above: the
+    # operator path has Prometheus compute them (quantile_over_time, deriv, ...) instead of
+    # shipping every sample. :func:`auditor.analysis.devices.device_stats` serves both alike.
+    gpus: tuple[DeviceStats, ...] = ()
     # Total steps seen per rank over the whole run, not only the window (for the report).
     total_steps: dict[int, int] = field(default_factory=dict)
 
@@ -60,18 +73,22 @@ class Snapshot:
                 return mode
         return "none"
 
+    @cached_property
+    def nodes_by_host(self) -> dict[str, list[NodeCpu]]:
+        """Node CPU samples grouped by host (one pass, not one per host)."""
+        out: dict[str, list[NodeCpu]] = {}
+        for n in self.nodes:
+            out.setdefault(n.host, []).append(n)
+        return out
+
     def node_cpu(self, host: str) -> NodeCpu | None:
         """The latest node CPU sample of ``host`` in the window (None if never sampled)."""
-        latest: NodeCpu | None = None
-        for n in self.nodes:
-            if n.host == host and (latest is None or n.time > latest.time):
-                latest = n
-        return latest
+        return max(self.nodes_by_host.get(host, ()), key=lambda n: n.time, default=None)
 
     def host_cpu(self, host: str) -> tuple[float, float] | None:
         """``(cores, busy cores)`` of a host over the window; busy is the median sample, so
         start-up and shut-down do not dilute a saturated steady state. None if never sampled."""
-        samples = [n for n in self.nodes if n.host == host]
+        samples = self.nodes_by_host.get(host, [])
         if not samples:
             return None
         busy = statistics.median(n.busy_cores for n in samples)

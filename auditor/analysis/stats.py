@@ -110,8 +110,14 @@ WEIGHT_CAP = 5.0
 
 
 def _wmed(steps: Sequence[StepSample], field: str, cap: float) -> float | None:
+    if len(steps) == 1:  # one (possibly aggregated) sample: its value is the median
+        value = getattr(steps[0], field)
+        return None if value is None else float(value)
+    # A sample standing for several steps (their mean) weighs as much as those steps together.
     pairs = [
-        (getattr(s, field), min(s.step_s, cap)) for s in steps if getattr(s, field) is not None
+        (getattr(s, field), min(s.step_s, cap) * s.count)
+        for s in steps
+        if getattr(s, field) is not None
     ]
     if not pairs:
         return None
@@ -125,7 +131,11 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
 
 def rank_stats(view: RankView) -> RankStats:
     steps = view.steps
-    cap = WEIGHT_CAP * median([s.step_s for s in steps]) if steps else 0.0
+    cap = (
+        WEIGHT_CAP * median([s.step_s for s in steps])
+        if len(steps) > 1
+        else (steps[0].step_s if steps else 0.0)
+    )
     cpu = view.cpu
     main = [c.main_cpu for c in cpu if c.main_cpu is not None]
     workers = [c.worker_cpu_total for c in cpu if c.workers]
@@ -133,7 +143,7 @@ def rank_stats(view: RankView) -> RankStats:
         rank=view.info.rank,
         host=view.info.host,
         device=view.info.device,
-        steps=len(steps),
+        steps=sum(s.count for s in steps),
         step_s=_wmed(steps, "step_s", cap) or 0.0,
         data_wait_s=_wmed(steps, "data_wait_s", cap) or 0.0,
         h2d_s=_wmed(steps, "h2d_s", cap) or 0.0,

@@ -24,7 +24,7 @@ from typing import Any
 
 from auditor.analysis.findings import Finding
 from auditor.metrics.exporter import make_registry, serve, stop
-from auditor.metrics.state import ExportState, GpuStatus, RankTotals
+from auditor.metrics.state import ExportState, GpuStatus, apply_batch
 from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu
 from auditor.telemetry.host import HostSampler
 
@@ -206,21 +206,15 @@ class NodeAgentCore:
 
     def _absorb(self, delta: Batch, procs: list[ProcessCpu], node: NodeCpu | None) -> None:
         """Update the export state and queue everything for the next drain (lock held)."""
-        st = self._state
         for info in delta.infos:
-            st.infos[info.rank] = info
-            st.ended.discard(info.rank)
             self._sampler.track(info.rank, info.pid)
-        for s in delta.steps:
-            st.totals.setdefault(s.rank, RankTotals()).add(s)
-        for c in procs:
-            st.cpu[c.rank] = c
-        st.ended.update(delta.ended)
         for r in delta.ended:
             self._sampler.forget(r)
-        if node is not None:
-            self._state = dataclasses.replace(st, node_cpu=node)
-            self._pending_nodes.append(node)
+        nodes = (node,) if node is not None else ()
+        self._state = apply_batch(
+            self._state, dataclasses.replace(delta, processes=tuple(procs), nodes=nodes)
+        )
+        self._pending_nodes.extend(nodes)
         self._pending_cpu.extend(procs)
         self._queued.append(delta)
 

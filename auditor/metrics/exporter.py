@@ -8,7 +8,7 @@ spec, so no metric name or label set is spelled outside the catalog.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from auditor.analysis.findings import Finding
 from auditor.samples import PHASES, DeviceSample, RankInfo
 
 from . import catalog as C
@@ -29,7 +30,7 @@ from .state import ExportState, GpuStatus, gpu_owner
 StateFn = Callable[[], ExportState]
 
 
-class _Series:
+class SeriesSet:
     """Samples per catalog spec, keyed by label values in the spec's label order.
 
     Checks each sample's label names against the spec (a mismatch is a bug here, not something
@@ -90,7 +91,7 @@ def render(state: ExportState) -> list[Metric]:
     cpu = dict(state.cpu)
     ended = set(state.ended)
     findings = list(state.findings)
-    out = _Series()
+    out = SeriesSet()
 
     # Only ranks that introduced themselves: label sets (local_rank, node) stay stable.
     for rank in sorted(infos):
@@ -182,31 +183,11 @@ def render(state: ExportState) -> list[Metric]:
     for uuid in sorted(gpus, key=lambda u: (gpus[u].index, u)):
         _render_gpu(out, state, gpus[uuid], live_ranks)
 
-    for finding in findings:
-        # One series per blamed rank so dashboards can join on rank; rank="" when job-wide.
-        blamed: tuple[int | None, ...] = finding.ranks or (None,)
-        for r in blamed:
-            rank_label = "" if r is None else str(r)
-            blamed_info = infos.get(r) if r is not None else None
-            node_label = (blamed_info.host or state.node) if blamed_info is not None else ""
-            out.add(
-                C.FINDING,
-                {
-                    "job": state.job,
-                    "kind": finding.kind,
-                    "rank": rank_label,
-                    "node": node_label,
-                    "severity": finding.severity,
-                },
-                1,
-            )
-            if finding.predicted_speedup is not None:
-                out.add(
-                    C.FINDING_PREDICTED_SPEEDUP,
-                    {"job": state.job, "kind": finding.kind, "rank": rank_label},
-                    finding.predicted_speedup,
-                )
+    def node_of(rank: int) -> str:
+        info = infos.get(rank)
+        return (info.host or state.node) if info is not None else ""
 
+    add_findings(out, state.job, findings, node_of)
     return list(out.families())
 
 
@@ -218,11 +199,40 @@ def _optional(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
+def add_findings(
+    out: SeriesSet, job: str, findings: Sequence[Finding], node_of: Callable[[int], str]
+) -> None:
+    """``auditor_finding`` and its predicted speed-up, one series per blamed rank so dashboards
+    can join on rank (rank="" and node="" for a job-wide finding); ``node_of`` names a rank's
+    node. Shared by the node endpoints and ``auditor serve``."""
+    for finding in findings:
+        blamed: tuple[int | None, ...] = finding.ranks or (None,)
+        for r in blamed:
+            rank_label = "" if r is None else str(r)
+            out.add(
+                C.FINDING,
+                {
+                    "job": job,
+                    "kind": finding.kind,
+                    "rank": rank_label,
+                    "node": "" if r is None else node_of(r),
+                    "severity": finding.severity,
+                },
+                1,
+            )
+            if finding.predicted_speedup is not None:
+                out.add(
+                    C.FINDING_PREDICTED_SPEEDUP,
+                    {"job": job, "kind": finding.kind, "rank": rank_label},
+                    finding.predicted_speedup,
+                )
+
+
 _MHZ = 1e6  # NVML reports clocks in MHz; the metrics are in hertz.
 
 
 def _render_gpu(
-    out: _Series, state: ExportState, gpu: GpuStatus, ranks: dict[int, RankInfo]
+    out: SeriesSet, state: ExportState, gpu: GpuStatus, ranks: dict[int, RankInfo]
 ) -> None:
     """One GPU's series. Down: only up=0 and the last sample's time; lost: no values."""
     sample = gpu.sample

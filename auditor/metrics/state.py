@@ -7,11 +7,20 @@ so a scrape costs only the rendering and tests build a state by hand.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from auditor.analysis.findings import Finding
-from auditor.samples import PHASES, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import (
+    PHASES,
+    Batch,
+    DeviceSample,
+    NodeCpu,
+    ProcessCpu,
+    RankInfo,
+    StepSample,
+)
 
 # StepSample field holding each phase's duration (collective_wait may be None: not measured).
 PHASE_FIELDS: dict[str, str] = {phase: f"{phase}_s" for phase in PHASES}
@@ -98,3 +107,35 @@ def gpu_owner(gpu: GpuStatus, ranks: Mapping[int, RankInfo]) -> RankInfo | None:
             if not info.device_uuids and info.pid and info.pid in pids:
                 return info
     return None
+
+
+def apply_batch(state: ExportState, batch: Batch) -> ExportState:
+    """Fold ``batch`` into ``state`` the way the node agent does; returns the state to publish.
+
+    A rank's info replaces its previous one and revives it if it had ended; each step is added to
+    its rank's running totals; the newest :class:`ProcessCpu` per rank and the newest node CPU
+    are kept; ranks in ``batch.ended`` are marked ended (after the infos, as the agent does);
+    each GPU takes its newest sample and is up. Containers are updated in place; a new
+    :class:`ExportState` is returned only when ``node_cpu`` changes (the state is frozen).
+
+    The one update path of an export state: the node agent folds its intake and host samples
+    in with it, ``auditor replay`` a recording's ticks.
+    """
+    for info in batch.infos:
+        state.infos[info.rank] = info
+        state.ended.discard(info.rank)
+    for s in batch.steps:
+        state.totals.setdefault(s.rank, RankTotals()).add(s)
+    for c in sorted(batch.processes, key=lambda c: c.time):
+        state.cpu[c.rank] = c
+    state.ended.update(batch.ended)
+    for d in sorted(batch.devices, key=lambda d: d.time):
+        old = state.gpus.get(d.uuid)
+        if old is not None and old.sample is not None and old.sample.time > d.time:
+            continue  # an older read must not replace a newer one
+        model = (old.model if old is not None else "") or d.model
+        state.gpus[d.uuid] = GpuStatus(index=d.index, uuid=d.uuid, model=model, sample=d, up=True)
+    if batch.nodes:
+        newest = max(batch.nodes, key=lambda n: n.time)
+        return dataclasses.replace(state, node_cpu=newest)
+    return state

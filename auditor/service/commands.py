@@ -1,14 +1,116 @@
-"""Placeholder: filled in by the owner of this layer's subcommands."""
+"""``auditor serve``: the analysis service's command.
+
+auditor serve [--prometheus-url URL] [--host 127.0.0.1] [--port 9410] [--interval 15]
+              [--window 60] [--set R.T=V,...] [--once]
+
+Runs until SIGINT or SIGTERM. A Prometheus that is down at start is not an error: the service
+keeps retrying with backoff and says so (a service must survive its dependencies starting after
+it). ``--once`` is for scripts and debugging: one evaluation, JSON on stdout, exit 1 if it failed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import TextIO
+
+from auditor.config import SERVE_OPTIONS, ConfigError, ServeConfig, add_options, serve_config
+from auditor.metrics.query import PrometheusClient
+
+from .http import ServiceServer
+from .service import AuditService
+
+COMMANDS = ("serve",)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    """Adds this layer's subcommands to the CLI's subparsers."""
+    p = sub.add_parser(
+        "serve",
+        help="audit every running job from Prometheus and export the findings",
+        description="Query Prometheus for the auditor's node metrics, rebuild every running job's "
+        "snapshot over --window, run the same rules as 'auditor run' every --interval, and serve "
+        "the findings on /metrics and as JSON on /api/v1/findings.",
+    )
+    add_options(p, SERVE_OPTIONS)
 
 
 def dispatch(ns: argparse.Namespace) -> int | None:
-    """Runs ``ns.cmd`` if this module owns it; None otherwise."""
-    return None
+    if getattr(ns, "cmd", None) not in COMMANDS:
+        return None
+    return serve(serve_config(ns, os.environ))
+
+
+def make_service(cfg: ServeConfig) -> AuditService:
+    return AuditService(
+        PrometheusClient(cfg.prometheus_url, timeout_s=cfg.query_timeout),
+        window_s=cfg.window,
+        interval_s=cfg.interval,
+        stale_after_s=cfg.stale_after,
+        max_backoff_s=cfg.max_backoff,
+        overrides=cfg.overrides,
+    )
+
+
+def serve(cfg: ServeConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    service = make_service(cfg)
+    if cfg.once:
+        published = service.evaluate()
+        health = published.health
+        if health.last_success is None:
+            print(f"auditor: error: {health.last_error}", file=err)
+            return 1
+        jobs = [r.to_dict() for _, r in sorted(published.results.items())]
+        json.dump({"evaluated_at": health.last_success, "jobs": jobs}, out, indent=1)
+        out.write("\n")
+        return 0
+
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("auditor serve: %(levelname)s %(message)s"))
+    logger = logging.getLogger("auditor.serve")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        server = ServiceServer(
+            lambda: service.published,
+            host=cfg.host,
+            port=cfg.port,
+            clock=time.time,
+            stale_after_s=max(3 * cfg.interval, 60.0),
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from None
+    stop = threading.Event()
+
+    def handle(sig: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    server.start()
+    logger.info(
+        "auditing jobs from %s every %g s over %g s windows; serving %s/metrics and "
+        "%s/api/v1/findings",
+        cfg.prometheus_url,
+        cfg.interval,
+        cfg.window,
+        server.url,
+        server.url,
+    )
+    try:
+        service.run(stop)
+    finally:
+        server.stop()
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+        logger.removeHandler(handler)
+    logger.info("stopped")
+    return 0

@@ -53,15 +53,23 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
     for info in batch.infos:
         yield {"t": "rank", "info": info.to_dict()}
     for s in batch.steps:
-        yield {"t": "step", **asdict(s)}
+        yield {"t": "step", **_single(asdict(s), "count")}
     for c in batch.processes:
         yield {"t": "process", **asdict(c)}
     for n in batch.nodes:
-        yield {"t": "node", **asdict(n)}
+        yield {"t": "node", **_single(asdict(n), "samples")}
     for d in batch.devices:
         yield {"t": "device", **d.to_dict()}
     for r in batch.ended:
         yield {"t": "ended", "rank": r}
+
+
+def _single(row: dict[str, Any], field: str) -> dict[str, Any]:
+    """Drops ``field`` when it is 1 (a live sample stands for itself): recordings keep the shape
+    they had before aggregated samples existed."""
+    if row.get(field) == 1:
+        del row[field]
+    return row
 
 
 class RecordingWriter:

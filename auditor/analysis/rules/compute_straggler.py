@@ -24,7 +24,7 @@ from ..advisor import fmt_ms, predicted_speedup
 from ..findings import Finding, severity_for
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import peer_median, ranks_text, ready, with_expectation
+from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _PHASES = ("h2d", "forward", "backward", "optimizer")
 
@@ -57,11 +57,14 @@ def detect(
     explained = ("cpu_oversubscription", "hardware_straggler")
     contended = {r for f in prior if f.kind in explained for r in f.ranks}
     blamed: dict[int, dict[str, float]] = {}
+    cps_of_peers = PeerMedians(per_sample)
+    local_of_peers = PeerMedians(local)
+    waits_of_peers = PeerMedians(waits)
     for r in stats:
         if r in contended:
             continue
-        peer_cps = peer_median(per_sample, r)
-        peer_local = peer_median(local, r)
+        peer_cps = cps_of_peers.get(r)
+        peer_local = local_of_peers.get(r)
         if not peer_cps or peer_local is None:
             continue
         excess = per_sample[r] / peer_cps
@@ -69,10 +72,10 @@ def detect(
         if excess < min_excess or gap < min_gap_ratio * step:
             continue
         w = waits[r]
-        peer_waits = [v for q, v in waits.items() if q != r and v is not None]
-        if w is None and peer_waits:
+        peer_wait = waits_of_peers.get(r)
+        if w is None and peer_wait is not None:
             continue  # its own wait is unknown (so counted as work) while others' are known
-        if w is not None and peer_waits and w >= statistics.median(peer_waits):
+        if w is not None and peer_wait is not None and w >= peer_wait:
             continue  # it waits as much as its peers: not the one they wait for
         blamed[r] = {"excess": excess, "gap": gap}
     if not blamed:

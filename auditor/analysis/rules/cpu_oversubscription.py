@@ -52,10 +52,10 @@ def detect(
     stats = ready(snapshot.stats, min_steps)
     findings: list[Finding] = []
     for host, ranks in sorted(snapshot.hosts().items()):
-        node_samples = [n for n in snapshot.nodes if n.host == host]
+        sampled = sum(n.samples for n in snapshot.nodes_by_host.get(host, ()))
         cpu = snapshot.host_cpu(host)
         rs = [r for r in ranks if r in stats and (stats[r].worker_cpu or 0.0) >= min_worker_cpu]
-        if len(node_samples) < min_samples or not rs or cpu is None:
+        if sampled < min_samples or not rs or cpu is None:
             continue
         cores, busy_cores = cpu
         if busy_cores < min_host_busy * cores:

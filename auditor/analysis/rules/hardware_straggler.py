@@ -45,7 +45,7 @@ from ..devices import DeviceStats, device_stats, gpu_owners, rank_gpus
 from ..findings import Finding, severity_for
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import peer_median, ranks_text, ready, with_expectation
+from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
@@ -95,9 +95,19 @@ def detect(
     step = statistics.median(s.step_s for s in stats.values())
 
     blamed: dict[int, list[str]] = {}
+    # Peer figures for every rank at once: a per-rank list of peers is quadratic in ranks.
+    share_of_peers = PeerMedians({q: g.throttle_share for q, g in gpu.items()})
+    clock_of_peers = PeerMedians({q: g.sm_clock_ratio for q, g in gpu.items()})
+    best_links = sorted(((_link(g), q) for q, g in gpu.items()), reverse=True)[:2]
     for r, d in gpu.items():
-        peers = [g for q, g in gpu.items() if q != r]
-        reasons = _hardware_reasons(d, peers, min_throttle_share, max_clock_ratio)
+        reasons = _hardware_reasons(
+            d,
+            peer_share=share_of_peers.get(r),
+            peer_clock=clock_of_peers.get(r),
+            peer_link=next((link for link, q in best_links if q != r), (0, 0)),
+            min_share=min_throttle_share,
+            max_clock_ratio=max_clock_ratio,
+        )
         if not reasons:
             continue
         if not _waited_for(r, per_sample, waits, step, min_excess, min_gap_ratio):
@@ -182,11 +192,17 @@ def _per_sample(s: RankStats, *, outside_barrier: bool) -> float:
 
 
 def _hardware_reasons(
-    d: DeviceStats, peers: Sequence[DeviceStats], min_share: float, max_clock_ratio: float
+    d: DeviceStats,
+    *,
+    peer_share: float | None,
+    peer_clock: float | None,
+    peer_link: tuple[int, int],
+    min_share: float,
+    max_clock_ratio: float,
 ) -> list[str]:
-    """What makes GPU ``d`` slower than its peers, in words; empty when nothing does."""
+    """What makes GPU ``d`` slower than its peers (their median throttle share and clock ratio,
+    their best PCIe link), in words; empty when nothing does."""
     out: list[str] = []
-    peer_share = _median([p.throttle_share for p in peers])
     if (
         d.throttle_share is not None
         and d.throttle_share >= min_share
@@ -195,7 +211,6 @@ def _hardware_reasons(
         out.append(
             f"throttled ({', '.join(d.throttle_reasons)}) in {d.throttle_share:.0%} of samples"
         )
-    peer_clock = _median([p.sm_clock_ratio for p in peers])
     if (
         d.sm_clock_ratio is not None
         and peer_clock
@@ -206,7 +221,7 @@ def _hardware_reasons(
             f"SM clock at {d.sm_clock_ratio:.0%} of its maximum{mhz} against "
             f"{peer_clock:.0%} on its peers"
         )
-    if d.pcie_degraded and _link(d) < max((_link(p) for p in peers), default=(0, 0)):
+    if d.pcie_degraded and _link(d) < peer_link:
         out.append(f"PCIe link at {d.pcie_text} (current/max)")
     return out
 
@@ -289,8 +304,3 @@ def _gpu_numbers(d: DeviceStats) -> dict[str, Any]:
         "pcie": d.pcie_text,
         "gpu_util": None if d.gpu_util is None else round(d.gpu_util, 3),
     }
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return float(statistics.median(present)) if present else None

@@ -47,7 +47,7 @@ def detect(
         max_util: median utilisation (0..1) at or below which a GPU counts as idle.
         min_mem_bytes: memory in use that counts as held where NVML lists no process.
     """
-    steps = [len(v.steps) for v in snapshot.ranks]
+    steps = [v.step_count for v in snapshot.ranks]
     if snapshot.ranks and max(steps, default=0) < min_steps:
         return []
     owners = gpu_owners(snapshot)

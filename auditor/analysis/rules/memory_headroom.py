@@ -38,7 +38,15 @@ from typing import Any
 
 from auditor.samples import DeviceSample
 
-from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners, linear_fit, rank_gpus
+from ..devices import (
+    DeviceStats,
+    device_stats,
+    fmt_gib,
+    gpu_owners,
+    linear_fit,
+    once,
+    rank_gpus,
+)
 from ..findings import Finding
 from ..snapshot import RankView, Snapshot
 from .common import ranks_text, ready
@@ -149,12 +157,26 @@ def _with_overhead(fit: MemoryFit, overhead: float) -> MemoryFit:
 def rank_memory_fits(
     snapshot: Snapshot, *, min_steps: int, min_samples: int
 ) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
-    """Each ready rank's fit and its (heaviest) GPU; shared with ``memory_pressure``."""
+    """Each ready rank's fit and its (heaviest) GPU; shared with ``memory_pressure`` (computed
+    once per snapshot and thresholds)."""
+    return once(
+        snapshot,
+        f"_memory_fits_{min_steps}_{min_samples}",
+        lambda snap: _rank_memory_fits(snap, min_steps=min_steps, min_samples=min_samples),
+    )
+
+
+def _rank_memory_fits(
+    snapshot: Snapshot, *, min_steps: int, min_samples: int
+) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
     stats = ready(snapshot.stats, min_steps)
     dstats = {
         u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
     }
     gpus_of = rank_gpus(gpu_owners(snapshot))
+    samples_of: dict[str, list[DeviceSample]] = {}
+    for d in snapshot.devices:
+        samples_of.setdefault(d.uuid, []).append(d)
     out: dict[int, tuple[MemoryFit | None, DeviceStats | None]] = {}
     for view in snapshot.ranks:
         r = view.info.rank
@@ -162,7 +184,7 @@ def rank_memory_fits(
             continue
         mine = [dstats[u] for u in gpus_of.get(r, ()) if u in dstats]
         gpu = max(mine, key=lambda d: d.mem_used_max_bytes or 0, default=None)
-        samples = [d for d in snapshot.devices if gpu is not None and d.uuid == gpu.uuid]
+        samples = samples_of.get(gpu.uuid, []) if gpu is not None else []
         out[r] = (fit_memory(view, gpu, samples), gpu)
     return out
 

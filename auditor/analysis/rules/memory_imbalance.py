@@ -34,7 +34,7 @@ from typing import Any
 from ..devices import GIB, DeviceStats, device_stats, fmt_gib, gpu_owners, rank_gpus, stray_ranks
 from ..findings import Finding
 from ..snapshot import Snapshot
-from .common import ready
+from .common import PeerMedians, ready
 
 SPEEDUP_NOTE = (
     "not predicted: memory does not set the step time; it caps the batch every rank can use"
@@ -178,8 +178,9 @@ def heavy(
     out: dict[Any, float] = {}
     if len(present) < 2:
         return out
+    of_peers = PeerMedians(present)
     for k, v in present.items():
-        peer = peer_median_bytes(present, k)
+        peer = of_peers.get(k) or 0.0
         if peer <= 0:
             continue
         if v >= min_ratio * peer and v - peer >= min_extra:

@@ -61,7 +61,7 @@ def detect(
         target_ratio: share of the total the suggested batch should peak at.
         min_r2: least goodness of a rank's memory fit used to size the batch.
     """
-    if snapshot.ranks and max((len(v.steps) for v in snapshot.ranks), default=0) < min_steps:
+    if snapshot.ranks and max((v.step_count for v in snapshot.ranks), default=0) < min_steps:
         return []
     owners = gpu_owners(snapshot)
     fits = rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples)

@@ -161,7 +161,7 @@ def detect(
 
 def _job_gpus(snapshot: Snapshot, ranks: set[int], min_samples: int) -> dict[str, DeviceStats]:
     """The GPUs of the judged ranks with a measured utilisation (none: no NVML samples)."""
-    if not snapshot.devices:
+    if not snapshot.devices and not snapshot.gpus:
         return {}
     owners = gpu_owners(snapshot)
     return {

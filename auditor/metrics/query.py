@@ -1,0 +1,136 @@
+"""A small client for Prometheus' HTTP query API (``/api/v1/query``), for ``auditor serve``.
+
+Only what the service needs: instant queries returning vectors or, for a range selector such as
+``metric[60s]``, the raw samples of each series (no resampling, no extrapolation: the snapshot
+builder differences counters itself). Every failure -- unreachable, timed out, an HTTP error, an
+error payload, an answer that is not JSON -- is one :class:`PrometheusError` with a one-line
+message, so the caller has a single thing to retry on.
+
+The opener is a parameter (``urllib``'s by default) so tests can count or fail requests without
+patching anything global.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Opener = Callable[[urllib.request.Request, float], Any]
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not answer a query; the message is one line and names the server."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a query answer: its labels and ``(time, value)`` samples, oldest first."""
+
+    labels: dict[str, str]
+    samples: tuple[tuple[float, float], ...]
+
+    @property
+    def last(self) -> tuple[float, float] | None:
+        return self.samples[-1] if self.samples else None
+
+
+def _open(request: urllib.request.Request, timeout: float) -> Any:
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless it is an http(s) URL with a host."""
+    parsed = urllib.parse.urlparse(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"expected an http(s) URL such as http://127.0.0.1:9090, got {url!r}")
+    return url.strip().rstrip("/")
+
+
+class PrometheusClient:
+    """Queries one Prometheus server; ``timeout_s`` bounds each request, client and server side."""
+
+    def __init__(self, url: str, *, timeout_s: float = 10.0, opener: Opener | None = None) -> None:
+        self.url = check_url(url)
+        self.timeout_s = timeout_s
+        self._open = opener or _open
+        self.requests = 0  # queries sent, for the service's own accounting
+
+    def query(self, expr: str, at: float | None = None) -> list[Series]:
+        """An instant query at ``at`` (seconds since the epoch; Prometheus' now if None).
+
+        A vector answer gives one sample per series; a matrix answer (``metric[60s]``) gives
+        every raw sample in the range. Scalars and strings are not used by the service.
+        """
+        params = {"query": expr, "timeout": f"{self.timeout_s:g}s"}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self._get("/api/v1/query", params)
+        kind = data.get("resultType")
+        result = data.get("result") or []
+        if kind == "vector":
+            return [
+                Series(dict(r["metric"]), ((float(r["value"][0]), _float(r["value"][1])),))
+                for r in result
+            ]
+        if kind == "matrix":
+            return [
+                Series(
+                    dict(r["metric"]), tuple((float(t), _float(v)) for t, v in r.get("values", []))
+                )
+                for r in result
+            ]
+        raise PrometheusError(f"{self.url}: unexpected result type {kind!r} for {expr!r}")
+
+    def _get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        body = urllib.parse.urlencode(params).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=body,  # POST: long selectors do not fit in a URL
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            method="POST",
+        )
+        self.requests += 1
+        # The client waits a little longer than the server-side timeout so Prometheus' own
+        # "query timed out" answer arrives instead of a bare socket timeout.
+        try:
+            with self._open(request, self.timeout_s + 2.0) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise PrometheusError(f"{self.url}: HTTP {exc.code}: {_error_text(exc)}") from None
+        except urllib.error.URLError as exc:
+            raise PrometheusError(f"{self.url} unreachable: {exc.reason}") from None
+        except TimeoutError:
+            raise PrometheusError(f"{self.url}: no answer within {self.timeout_s:g} s") from None
+        except (ConnectionError, OSError) as exc:
+            raise PrometheusError(f"{self.url} unreachable: {exc}") from None
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            raise PrometheusError(f"{self.url}: answer is not JSON") from None
+        if not isinstance(payload, dict) or payload.get("status") != "success":
+            err = payload.get("error") if isinstance(payload, dict) else None
+            raise PrometheusError(f"{self.url}: query failed: {err or 'no status'}")
+        data = payload.get("data")
+        if not isinstance(data, dict):
+            raise PrometheusError(f"{self.url}: answer has no data")
+        return data
+
+
+def _float(text: Any) -> float:
+    """Prometheus sends values as strings ("NaN", "+Inf" included)."""
+    return float(text)
+
+
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    """The ``error`` field of Prometheus' JSON error body, else the HTTP reason, on one line."""
+    try:
+        body = json.loads(exc.read())
+        text = str(body.get("error") or exc.reason)
+    except (ValueError, AttributeError, OSError):
+        text = str(exc.reason)
+    return " ".join(text.split())

@@ -1,0 +1,460 @@
+"""Prometheus alert rules, generated from code into ``deploy/prometheus/rules/auditor.rules.yml``.
+
+Every alert reads catalog metrics or the recorded series of :mod:`auditor.ops.recording`, so an
+alert and the dashboard panel that shows the same quantity cannot disagree. Thresholds are the
+named constants below; each alert's ``doc`` says why its threshold and ``for:`` duration are what
+they are. Missing data never reads as a problem of the training job: a GPU without utilisation
+samples is not idle, an ended rank is not starved, a GPU no rank owns is nobody's waste. The
+monitoring's own blind spots (exporter down, monitor down, stale samples) have their own alerts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from auditor.metrics import catalog as C
+from auditor.ops import recording as R
+
+Severity = Literal["warning", "critical"]
+SEVERITIES: tuple[str, ...] = ("warning", "critical")
+
+# Where the rendered file lives, relative to the repository root.
+RULES_PATH = "deploy/prometheus/rules/auditor.rules.yml"
+RECORDING_GROUP = "auditor-recording"
+ALERT_GROUP = "auditor-alerts"
+
+# Prometheus scrape-config job names (``up{job=...}`` keeps these; auditor_* series carry the
+# training job instead because the scrape configs set honor_labels).
+NODES_SCRAPE_JOB = "auditor-nodes"
+SERVE_SCRAPE_JOB = "auditor-serve"
+# The analysis service's JSON for one job (auditor/service/http.py): its findings, evidence and
+# per-rank fixes, where the alerts send the reader for the change to make.
+SERVE_JOB_PATH = "/api/v1/jobs/"
+
+# --- thresholds (documented defaults) -------------------------------------------------------------
+# A job holding this many GPUs on one node is a multi-GPU allocation worth auditing; one GPU that
+# is underused is a smaller problem with other causes (a notebook, a debug run).
+UNDERUSED_MIN_GPUS = 2
+# Mean 5-minute busy time below which a job's GPUs on a node count as underused: half of the
+# time no kernel ran on the average GPU.
+UNDERUSED_UTILIZATION = 0.5
+UNDERUSED_FOR = "15m"
+# Busiest minus idlest GPU of one job (5-minute busy time) above which the load is uneven: the
+# 90% vs 50% case practitioners recognise is 0.4; 0.3 leaves room for normal jitter.
+SPREAD_UTILIZATION = 0.3
+SPREAD_MIN_GPUS = 2
+SPREAD_FOR = "10m"
+# Share of a rank's step time spent waiting for the DataLoader above which the rank is starved.
+# Twice the data_starvation rule's 15%: the finding reports mild starvation with its fix, the
+# alert interrupts someone only when a third of every step is lost.
+DATA_WAIT_RATIO = 0.3
+DATA_STARVED_FOR = "5m"
+# A GPU owned by a job whose busy time never exceeded this over IDLE_WINDOW is idle: 5% tolerates
+# the stray kernel of a rank that holds the GPU but trains elsewhere (on the CPU, on GPU 0).
+IDLE_UTILIZATION = 0.05
+IDLE_WINDOW = "10m"
+IDLE_FOR = "10m"
+EXPORTER_DOWN_FOR = "5m"
+GPU_MONITOR_DOWN_FOR = "5m"
+# Age of a GPU's latest sample (Prometheus' clock minus the node's) above which it is stale: far
+# beyond a monitor's sampling period plus one 15-second scrape, with room for clock skew.
+GPU_SAMPLE_MAX_AGE_SECONDS = 120
+GPU_SAMPLES_STALE_FOR = "5m"
+GPU_LOST_FOR = "1m"
+# Age of the analysis service's latest successful evaluation above which its findings are stale:
+# twenty of its default 15-second evaluation intervals, so a few slow or failed ones (retried on
+# a backoff) do not count.
+SERVE_MAX_EVALUATION_AGE_SECONDS = 300
+SERVE_STALE_FOR = "5m"
+CRITICAL_FINDING_FOR = "5m"
+
+# Prometheus' duration syntax: units from largest to smallest, each at most once ("1h30m").
+_DURATION = re.compile(
+    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
+)
+_UNIT_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+
+
+def duration_seconds(duration: str) -> float:
+    """Seconds in a Prometheus duration (``"15m"``, ``"5m30s"``); ValueError if it is not one."""
+    m = _DURATION.match(duration)
+    if m is None or not duration:
+        raise ValueError(f"invalid Prometheus duration {duration!r}")
+    return sum(int(n) * unit for n, unit in zip(m.groups(), _UNIT_SECONDS, strict=True) if n)
+
+
+def _label(name: str) -> str:
+    return "{{ $labels." + name + " }}"
+
+
+_PCT = "{{ $value | humanizePercentage }}"
+_AGE = "{{ $value | humanizeDuration }}"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+# Where an annotation sends the reader for the job's findings, evidence and per-rank fixes.
+_SERVE_JOB = f"GET {SERVE_JOB_PATH}{_label('job')} on `auditor serve`"
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """One alert: name, PromQL, ``for:`` duration, severity label and annotation templates.
+
+    ``summary`` and ``description`` are Prometheus templates (``{{ $labels.x }}``,
+    ``{{ $value }}``); ``doc`` is for people reading this module: the threshold and why the
+    ``for:`` is what it is.
+    """
+
+    name: str
+    expr: str
+    for_: str
+    severity: Severity
+    summary: str
+    description: str
+    doc: str
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"{self.name}: severity must be one of {SEVERITIES}")
+        if not self.name.startswith("Auditor"):
+            raise ValueError(f"{self.name}: alert names start with 'Auditor'")
+        duration_seconds(self.for_)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "description": self.description},
+        }
+
+
+UNDERUSED_MULTI_GPU_NODE = AlertRule(
+    name="AuditorUnderusedMultiGpuNode",
+    expr=(
+        f"{R.NODE_JOB_GPU_UTILIZATION_AVG.record} < {UNDERUSED_UTILIZATION}"
+        f" and on (node, job) ({R.NODE_JOB_GPUS.record} >= {UNDERUSED_MIN_GPUS})"
+    ),
+    for_=UNDERUSED_FOR,
+    severity="warning",
+    summary=f"Job {_label('job')} keeps its GPUs on node {_label('node')} mostly idle",
+    description=(
+        f"The GPUs job {_label('job')} holds on node {_label('node')} were busy {_PCT} of the"
+        f" time (mean of the last 5 minutes, threshold {_pct(UNDERUSED_UTILIZATION)}) for"
+        f" {UNDERUSED_FOR}. The node's GPUs wait for something else: data, the host or one slow"
+        f" rank. The job's findings name the rank and the change: {_SERVE_JOB}."
+    ),
+    doc=(
+        f"Fires when a job holding >= {UNDERUSED_MIN_GPUS} GPUs on one node keeps their mean"
+        f" 5-minute busy time below {UNDERUSED_UTILIZATION}. The 5-minute average already smooths"
+        f" single steps; {UNDERUSED_FOR} of it more is what makes the waste worth an"
+        " operator's time (a warm-up, a checkpoint or a validation pass ends sooner). A job with"
+        " one GPU on the node never fires."
+    ),
+)
+
+GPU_UTILIZATION_SPREAD = AlertRule(
+    name="AuditorGpuUtilizationSpread",
+    expr=(
+        f"{R.JOB_GPU_UTILIZATION_SPREAD.record} > {SPREAD_UTILIZATION}"
+        f" and on (job) ({R.JOB_GPUS.record} >= {SPREAD_MIN_GPUS})"
+    ),
+    for_=SPREAD_FOR,
+    severity="warning",
+    summary=f"GPUs of job {_label('job')} are unevenly busy",
+    description=(
+        f"The busiest and the idlest GPU of job {_label('job')} differ by {_PCT} of 5-minute busy"
+        f" time (threshold {_pct(SPREAD_UTILIZATION)}) for {SPREAD_FOR}. Look at the batch split,"
+        " the data path of the idle GPUs' ranks and whether one device is slower; the job's"
+        f" findings name the rank that holds the others back: {_SERVE_JOB}."
+    ),
+    doc=(
+        f"Fires when the 5-minute busy time of one job's GPUs spreads by more than"
+        f" {SPREAD_UTILIZATION} while the job holds >= {SPREAD_MIN_GPUS} live GPUs (with one"
+        " live GPU left, the spread would only compare it with the stale 5-minute average a GPU"
+        " whose monitor went down leaves behind)."
+        f" {SPREAD_FOR} on top of the 5-minute average: an imbalance that lasts that long is"
+        " structural, not a passing data hiccup. Under DDP the waiting ranks look busy, so the"
+        " spread understates the imbalance; the alert is a pointer to the findings, not a verdict."
+    ),
+)
+
+DATA_STARVED_RANK = AlertRule(
+    name="AuditorDataStarvedRank",
+    expr=(
+        f'max by (job, node, rank) ({R.RANK_PHASE_RATIO.record}{{phase="data_wait"}})'
+        f" > {DATA_WAIT_RATIO}"
+        f" and on (job, node, rank) ({C.RANK_UP.name} == 1)"
+    ),
+    for_=DATA_STARVED_FOR,
+    severity="warning",
+    summary=(
+        f"Rank {_label('rank')} of job {_label('job')} on {_label('node')} waits for data"
+        f" {_PCT} of its step time"
+    ),
+    description=(
+        f"Rank {_label('rank')} of job {_label('job')} on node {_label('node')} spent {_PCT} of"
+        f" its step time waiting for the DataLoader (threshold {_pct(DATA_WAIT_RATIO)}) for"
+        f" {DATA_STARVED_FOR}. More num_workers (within the node's free cores), pin_memory and"
+        " persistent_workers keep batches ready; the data_starvation finding gives the rank's"
+        f" exact change: {_SERVE_JOB}."
+    ),
+    doc=(
+        f"Fires when a live rank (auditor_rank_up 1) spends more than {DATA_WAIT_RATIO} of its"
+        f" step time in data_wait (1-minute rates). {DATA_STARVED_FOR}: five one-minute windows"
+        " rule out the first epoch's worker start-up and a single slow shard; a rank that ended"
+        " drops out at once instead of firing on its last minute of counters."
+    ),
+)
+
+IDLE_ALLOCATED_GPU = AlertRule(
+    name="AuditorIdleAllocatedGpu",
+    expr=(
+        f'max_over_time({C.GPU_UTILIZATION_RATIO.name}{{job!=""}}[{IDLE_WINDOW}])'
+        f" < {IDLE_UTILIZATION}"
+        f" and on (node, uuid, job, rank) ({C.GPU_UP.name} == 1)"
+    ),
+    for_=IDLE_FOR,
+    severity="warning",
+    summary=(
+        f"GPU {_label('gpu')} on node {_label('node')} is held by job {_label('job')}"
+        " but does no work"
+    ),
+    description=(
+        f"GPU {_label('gpu')} ({_label('uuid')}, {_label('model')}) on node {_label('node')},"
+        f" owned by rank {_label('rank')} of job {_label('job')}, was at most {_PCT} busy over"
+        f" the last {IDLE_WINDOW} (threshold {_pct(IDLE_UTILIZATION)}) for {IDLE_FOR}. The job"
+        " holds a GPU it does not use: check the rank's device placement (the idle_device"
+        f" finding: {_SERVE_JOB})."
+    ),
+    doc=(
+        f"Fires when every utilisation sample of a GPU some rank owns stayed below"
+        f" {IDLE_UTILIZATION} for {IDLE_WINDOW} while its monitor answers. A GPU without"
+        " utilisation samples (not supported, monitor down) has no series and never reads as"
+        f' idle; an unowned GPU (job="") is not the job\'s waste. The {IDLE_FOR} `for:` covers a'
+        " GPU that just changed owner, whose series is younger than the window: its first"
+        " samples alone must not make it idle."
+    ),
+)
+
+EXPORTER_DOWN = AlertRule(
+    name="AuditorExporterDown",
+    expr=f'up{{job=~"{NODES_SCRAPE_JOB}|{SERVE_SCRAPE_JOB}"}} == 0',
+    for_=EXPORTER_DOWN_FOR,
+    severity="critical",
+    # Node endpoints carry the Ray node's name from the service discovery file; the service none.
+    summary=(
+        f"Auditor endpoint {_label('instance')} ({_label('job')}"
+        f"{{{{ if $labels.node }}}}, node {_label('node')}{{{{ end }}}}) is down"
+    ),
+    description=(
+        f"Prometheus could not scrape {_label('instance')} of scrape job {_label('job')} for"
+        f" {EXPORTER_DOWN_FOR}. Its GPU and rank metrics (or the analysis service's findings) are"
+        " missing, so the other auditor alerts are blind there. Check the node agent or"
+        " `auditor serve` process and the address in the service discovery file."
+    ),
+    doc=(
+        "Fires on the scrape targets of the auditor's own scrape jobs. Critical because every"
+        f" other alert is blind while it lasts; {EXPORTER_DOWN_FOR} lets a node agent or the"
+        " service restart without paging."
+    ),
+)
+
+GPU_MONITOR_DOWN = AlertRule(
+    name="AuditorGpuMonitorDown",
+    expr=f"{C.GPU_UP.name} == 0",
+    for_=GPU_MONITOR_DOWN_FOR,
+    severity="warning",
+    summary=f"GPU monitor of GPU {_label('gpu')} on node {_label('node')} is not answering",
+    description=(
+        f"The GpuMonitor of GPU {_label('gpu')} ({_label('uuid')}) on node {_label('node')} has"
+        f" not answered for {GPU_MONITOR_DOWN_FOR}; the GPU's values are missing (not zero)."
+        " The actor may be restarting in a loop or NVML may hang on this device."
+    ),
+    doc=(
+        f"Fires when a GPU's monitor stays unreachable for {GPU_MONITOR_DOWN_FOR}; shorter gaps"
+        " are actor restarts the node agent handles itself."
+    ),
+)
+
+GPU_SAMPLES_STALE = AlertRule(
+    name="AuditorGpuSamplesStale",
+    expr=(
+        f"time() - {C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name} > {GPU_SAMPLE_MAX_AGE_SECONDS}"
+        f" unless on (node, uuid) ({C.GPU_UP.name} == 0)"
+    ),
+    for_=GPU_SAMPLES_STALE_FOR,
+    severity="warning",
+    summary=f"Samples of GPU {_label('gpu')} on node {_label('node')} are stale",
+    description=(
+        f"The latest sample of GPU {_label('gpu')} ({_label('uuid')}) on node {_label('node')}"
+        f" is {_AGE} old (threshold {GPU_SAMPLE_MAX_AGE_SECONDS}s) although its monitor reports"
+        " up. The sampler may be stuck, or the node's clock is far from Prometheus' clock."
+    ),
+    doc=(
+        f"Fires when a GPU's latest sample is older than {GPU_SAMPLE_MAX_AGE_SECONDS} s by"
+        " Prometheus' clock while its monitor does not report down (that case is"
+        f" AuditorGpuMonitorDown, which would otherwise fire twice). {GPU_SAMPLES_STALE_FOR} of"
+        " `for:` on top of the age threshold keeps a node's clock step from paging."
+    ),
+)
+
+GPU_LOST = AlertRule(
+    name="AuditorGpuLost",
+    expr=f"{C.GPU_LOST.name} == 1",
+    for_=GPU_LOST_FOR,
+    severity="critical",
+    summary=f"GPU {_label('gpu')} on node {_label('node')} is lost",
+    description=(
+        f"NVML reports GPU {_label('gpu')} ({_label('uuid')}, {_label('model')}) on node"
+        f" {_label('node')} lost (fallen off the bus)."
+        f"{{{{ if $labels.job }}}} Rank {_label('rank')} of job {_label('job')} on it will fail"
+        " or hang.{{ end }} Drain the node; the GPU needs a reset or the node a reboot."
+    ),
+    doc=(
+        "Fires on a GPU NVML reports lost. Critical: the device does not come back by itself."
+        f" {GPU_LOST_FOR} of `for:` only rules out a single bad sample."
+    ),
+)
+
+_serve_age = f"time() - {C.SERVE_LAST_EVALUATION_TIMESTAMP_SECONDS.name}"
+_serve_prom_down = f"{C.SERVE_PROMETHEUS_UP.name} == 0"
+SERVE_STALE = AlertRule(
+    name="AuditorServeStale",
+    # Two causes, told apart by a "reason" label. When Prometheus is unreachable the evaluations
+    # stop too; `unless` keeps that one cause from firing as two alerts.
+    expr=(
+        f'label_replace({_serve_prom_down}, "reason", "prometheus_unreachable", "", "")'
+        f" or label_replace({_serve_age} > {SERVE_MAX_EVALUATION_AGE_SECONDS},"
+        f' "reason", "evaluation_stale", "", "")'
+        f" unless on (instance, job) ({_serve_prom_down})"
+    ),
+    for_=SERVE_STALE_FOR,
+    severity="warning",
+    summary=f"auditor serve on {_label('instance')} is not evaluating jobs ({_label('reason')})",
+    description=(
+        '{{ if eq $labels.reason "prometheus_unreachable" }}'
+        f"auditor serve on {_label('instance')} cannot query Prometheus"
+        f" ({C.SERVE_PROMETHEUS_UP.name} 0 for {SERVE_STALE_FOR})."
+        "{{ else }}"
+        f"auditor serve on {_label('instance')} completed its latest evaluation {_AGE} ago"
+        f" (threshold {SERVE_MAX_EVALUATION_AGE_SECONDS}s)."
+        "{{ end }}"
+        " Its findings and the auditor_finding series are stale: check the service's log and"
+        " its Prometheus URL."
+    ),
+    doc=(
+        "Fires when the analysis service's latest successful evaluation is older than"
+        f" {SERVE_MAX_EVALUATION_AGE_SECONDS} s or it cannot reach Prometheus, for"
+        f" {SERVE_STALE_FOR}: findings older than that no longer describe the running jobs. The"
+        " service not being scraped at all is AuditorExporterDown."
+    ),
+)
+
+_speedup_query = (
+    f'printf "max({C.FINDING_PREDICTED_SPEEDUP.name}{{job=%q,kind=%q,rank=%q}})"'
+    " $labels.job $labels.kind $labels.rank"
+)
+CRITICAL_FINDING = AlertRule(
+    name="AuditorCriticalFinding",
+    # Node endpoints of live runs export the same finding as the service: max by dedupes them.
+    expr=f'max by (job, kind, rank, node) ({C.FINDING.name}{{severity="critical"}})',
+    for_=CRITICAL_FINDING_FOR,
+    severity="critical",
+    # rank="" is a job-wide finding: the templates then name the job alone.
+    summary=(
+        f"Critical {_label('kind')} finding"
+        f"{{{{ if $labels.rank }}}} on rank {_label('rank')}{{{{ end }}}} of job {_label('job')}"
+    ),
+    description=(
+        f"The auditor holds a critical {_label('kind')} finding against"
+        f"{{{{ if $labels.rank }}}} rank {_label('rank')} (node {_label('node')}) of{{{{ end }}}}"
+        f" job {_label('job')} for {CRITICAL_FINDING_FOR}. "
+        f"{{{{ with {_speedup_query} | query }}}}"
+        "Applying its fixes is predicted to speed the job up"
+        ' {{ . | first | value | printf "%.2f" }}x. '
+        "{{ end }}"
+        f"The evidence and the change to make: {_SERVE_JOB}."
+    ),
+    doc=(
+        "Fires on any critical finding (from `auditor serve` or a live run's node endpoint)."
+        f" {CRITICAL_FINDING_FOR}: the service re-evaluates every job continuously, and a finding"
+        " that survives several evaluations is not a transient of one window."
+    ),
+)
+
+ALERT_RULES: tuple[AlertRule, ...] = (
+    UNDERUSED_MULTI_GPU_NODE,
+    GPU_UTILIZATION_SPREAD,
+    DATA_STARVED_RANK,
+    IDLE_ALLOCATED_GPU,
+    EXPORTER_DOWN,
+    GPU_MONITOR_DOWN,
+    GPU_SAMPLES_STALE,
+    GPU_LOST,
+    SERVE_STALE,
+    CRITICAL_FINDING,
+)
+
+BY_NAME: dict[str, AlertRule] = {a.name: a for a in ALERT_RULES}
+
+
+def rules_document() -> dict[str, Any]:
+    """The rules file as data: the recording group (in dependency order), then the alerts."""
+    return {
+        "groups": [
+            {"name": RECORDING_GROUP, "rules": [r.to_dict() for r in R.RECORDING_RULES]},
+            {"name": ALERT_GROUP, "rules": [a.to_dict() for a in ALERT_RULES]},
+        ]
+    }
+
+
+_HEADER = (
+    "# Prometheus recording and alert rules of the GPU Balance Auditor.\n"
+    "# generated by `auditor dashboards render` from auditor/ops/recording.py and\n"
+    "# auditor/ops/alerts.py; do not edit.\n"
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper writing multi-line strings as literal blocks; a subclass, so the global
+    yaml state stays untouched."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def render_rules() -> str:
+    """The rules file's text: header comment and YAML in a stable key order, deterministic."""
+    body = yaml.dump(
+        rules_document(),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=False,
+        width=1_000_000,
+    )
+    return _HEADER + body
+
+
+# A metric name as it appears in PromQL or in a template's query string, not inside a longer
+# identifier: auditor_* exported names and auditor:* recorded names.
+_METRIC = re.compile(r"(?<![A-Za-z0-9_:])auditor(?:_[A-Za-z0-9_]+|:[A-Za-z0-9_:]+)")
+
+
+def referenced_metrics(expr: str) -> set[str]:
+    """The auditor metric names (``auditor_*`` and recorded ``auditor:*``) ``expr`` reads."""
+    return set(_METRIC.findall(expr))

@@ -1,0 +1,297 @@
+"""``auditor serve``: audits every running job from Prometheus, on a timer, and keeps the result.
+
+One evaluation: ask Prometheus for the window aggregates of the catalog metrics (one instant
+query each, all at one "now"), find the running jobs, rebuild each job's snapshot
+(:mod:`.promsnapshot`), run the same rules as ``auditor run`` and publish the results at once.
+
+When Prometheus is down, slow or answering errors the evaluation fails as a whole: the previous
+results stay published (marked stale by their age, and ``auditor_serve_prometheus_up`` drops to
+0), the failure is logged once per outage with the retry delay, and the next attempt comes after
+an exponential backoff capped at ``max_backoff_s``. The first success logs the recovery. No
+restart is ever needed.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from auditor.analysis import analyze
+from auditor.analysis.findings import Finding
+from auditor.analysis.rules.common import ready
+from auditor.analysis.snapshot import Snapshot
+from auditor.metrics.query import PrometheusClient, PrometheusError, Series
+
+from .promsnapshot import build_snapshots, queries, running_jobs
+
+log = logging.getLogger("auditor.serve")
+
+Overrides = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The verdict on one job at one evaluation."""
+
+    job: str
+    ranks: int
+    world_size: int
+    nodes: dict[int, str]
+    findings: tuple[Finding, ...]
+    imbalance_ratio: float | None
+    window: tuple[float, float]
+
+    @property
+    def predicted_speedup(self) -> float:
+        gains = [f.predicted_speedup for f in self.findings if f.predicted_speedup is not None]
+        return max(gains, default=1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "ranks": self.ranks,
+            "world_size": self.world_size,
+            "window": {"start": self.window[0], "end": self.window[1]},
+            "imbalance_ratio": None
+            if self.imbalance_ratio is None
+            else round(self.imbalance_ratio, 4),
+            "predicted_speedup": round(self.predicted_speedup, 3),
+            "findings": [finding_dict(self, f) for f in self.findings],
+        }
+
+
+def finding_dict(result: JobResult, finding: Finding) -> dict[str, Any]:
+    """A finding as served over HTTP: the report's form plus its job and each rank's node."""
+    return {
+        "job": result.job,
+        **finding.to_dict(),
+        "nodes": {str(r): result.nodes.get(r, "") for r in finding.ranks},
+    }
+
+
+def imbalance_ratio(snapshot: Snapshot, *, min_steps: int = 1) -> float | None:
+    """``1 - fastest/slowest`` local step time (step time minus the wait for peers) among the
+    ranks with steps in the window: the share of each step the least-loaded rank idles at the
+    barrier. None with fewer than two such ranks."""
+    stats = ready(snapshot.stats, min_steps)
+    local = [s.local_s for s in stats.values() if s.local_s > 0]
+    if len(local) < 2:
+        return None
+    return 1.0 - min(local) / max(local)
+
+
+def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> JobResult:
+    """Runs the rules on one job's snapshot."""
+    return JobResult(
+        job=snapshot.job,
+        ranks=len(snapshot.ranks),
+        world_size=snapshot.world_size,
+        nodes={v.info.rank: v.info.host for v in snapshot.ranks},
+        findings=tuple(analyze(snapshot, overrides)),
+        imbalance_ratio=imbalance_ratio(snapshot),
+        window=(snapshot.start, snapshot.end),
+    )
+
+
+def analyse_answers(
+    answers: Mapping[str, list[Series]],
+    now: float,
+    *,
+    window_s: float,
+    stale_after_s: float,
+    overrides: Overrides | None = None,
+) -> dict[str, JobResult]:
+    """The analysis half of an evaluation (what the benchmark times): running jobs, their
+    snapshots and verdicts, from the answers already fetched."""
+    with _no_cyclic_gc():
+        return _analyse(answers, now, window_s, stale_after_s, overrides)
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """An evaluation allocates some 10^5 acyclic objects that live until it ends; the cyclic
+    collector kept rescanning them (up to half the time at 4,096 ranks). Reference counting
+    still frees everything; the collector resumes afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _analyse(
+    answers: Mapping[str, list[Series]],
+    now: float,
+    window_s: float,
+    stale_after_s: float,
+    overrides: Overrides | None,
+) -> dict[str, JobResult]:
+    jobs = [
+        j for j, w in running_jobs(answers, now, stale_after_s=stale_after_s).items() if w.running
+    ]
+    snapshots = build_snapshots(answers, now, window_s, jobs=jobs)
+    return {job: judge(snap, overrides) for job, snap in sorted(snapshots.items())}
+
+
+@dataclass
+class Health:
+    """The service's own state, exported as ``auditor_serve_*``."""
+
+    prometheus_up: bool = False
+    last_success: float | None = None
+    last_attempt: float | None = None
+    last_error: str | None = None
+    evaluation_s: float | None = None
+    analysis_s: float | None = None
+    evaluations: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    outage_since: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prometheus_up": self.prometheus_up,
+            "last_success": self.last_success,
+            "last_attempt": self.last_attempt,
+            "last_error": self.last_error,
+            "evaluation_seconds": self.evaluation_s,
+            "analysis_seconds": self.analysis_s,
+            "evaluations": self.evaluations,
+            "failures": self.failures,
+            "consecutive_failures": self.consecutive_failures,
+        }
+
+
+@dataclass(frozen=True)
+class Published:
+    """What readers (the exporter, the JSON API) see: swapped whole, never edited in place."""
+
+    results: dict[str, JobResult] = field(default_factory=dict)
+    health: Health = field(default_factory=Health)
+
+
+def backoff_s(failures: int, *, base_s: float = 1.0, max_s: float = 60.0) -> float:
+    """Delay before the next attempt after ``failures`` consecutive failures: 1, 2, 4 ... max."""
+    if failures <= 0:
+        return 0.0
+    return min(max_s, base_s * 2 ** min(failures - 1, 30))
+
+
+class AuditService:
+    """Evaluates on a timer and publishes :class:`Published` for the HTTP side to read."""
+
+    def __init__(
+        self,
+        client: PrometheusClient,
+        *,
+        window_s: float = 60.0,
+        interval_s: float = 15.0,
+        stale_after_s: float | None = None,
+        max_backoff_s: float = 60.0,
+        overrides: Overrides | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.window_s = window_s
+        self.interval_s = interval_s
+        # A rank endpoint silent for longer than this is not running (scrapes every 5-15 s).
+        self.stale_after_s = stale_after_s if stale_after_s is not None else max(30.0, window_s / 2)
+        self.max_backoff_s = max_backoff_s
+        self.overrides = overrides or {}
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._published = Published()
+
+    @property
+    def published(self) -> Published:
+        with self._lock:
+            return self._published
+
+    def fetch(self, now: float) -> dict[str, list[Series]]:
+        """Every answer of one evaluation, all evaluated at ``now``."""
+        return {
+            key: self.client.query(expr, at=now) for key, expr in queries(self.window_s).items()
+        }
+
+    def evaluate(self) -> Published:
+        """One evaluation; on failure the previous results stay and the health says why."""
+        now = self._clock()
+        started = time.perf_counter()
+        old = self.published
+        health = Health(**{k: v for k, v in vars(old.health).items()})
+        health.last_attempt = now
+        try:
+            answers = self.fetch(now)
+            fetched = time.perf_counter()
+            results = analyse_answers(
+                answers,
+                now,
+                window_s=self.window_s,
+                stale_after_s=self.stale_after_s,
+                overrides=self.overrides,
+            )
+        except Exception as exc:  # a service outlives any one evaluation
+            health.prometheus_up = not isinstance(exc, PrometheusError) and health.prometheus_up
+            health.failures += 1
+            health.consecutive_failures += 1
+            health.last_error = str(exc) if isinstance(exc, PrometheusError) else repr(exc)
+            if health.outage_since is None:
+                health.outage_since = now
+            delay = backoff_s(health.consecutive_failures, max_s=self.max_backoff_s)
+            if health.consecutive_failures == 1:
+                if isinstance(exc, PrometheusError):
+                    log.warning("evaluation failed: %s; retrying with backoff", exc)
+                else:
+                    log.exception("evaluation failed (a bug: please report it)")
+            else:
+                log.info(
+                    "still failing (%d in a row): %s; next try in %.0f s",
+                    health.consecutive_failures,
+                    health.last_error,
+                    delay,
+                )
+            published = Published(results=old.results, health=health)
+        else:
+            done = time.perf_counter()
+            if health.consecutive_failures:
+                log.warning(
+                    "Prometheus answers again after %d failed evaluation(s) over %.0f s",
+                    health.consecutive_failures,
+                    now - (health.outage_since or now),
+                )
+            health.prometheus_up = True
+            health.last_success = now
+            health.last_error = None
+            health.consecutive_failures = 0
+            health.outage_since = None
+            health.evaluations += 1
+            health.evaluation_s = done - started
+            health.analysis_s = done - fetched
+            published = Published(results=results, health=health)
+        with self._lock:
+            self._published = published
+        return published
+
+    def next_delay(self) -> float:
+        health = self.published.health
+        if health.consecutive_failures:
+            return backoff_s(health.consecutive_failures, max_s=self.max_backoff_s)
+        return self.interval_s
+
+    def run(self, stop: threading.Event) -> None:
+        """Evaluate until ``stop`` is set: every ``interval_s``; after failures, on the backoff."""
+        while not stop.is_set():
+            began = time.monotonic()
+            self.evaluate()
+            delay = self.next_delay()
+            if not self.published.health.consecutive_failures:
+                delay = max(0.0, delay - (time.monotonic() - began))
+            stop.wait(delay)
