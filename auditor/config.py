@@ -90,6 +90,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         "--metrics-host", "metrics_host", "address the metrics endpoint binds", str, "127.0.0.1"
     ),
+    Option(
+        "--sd-file",
+        "sd_file",
+        "while the job runs, list its metrics endpoint in this Prometheus file_sd JSON (removed "
+        "when the run ends); without --metrics-port it implies --metrics-port 0 (any free port)",
+    ),
     Option("--address", "address", "join this Ray cluster instead of starting a local one"),
     Option(
         "--device-source",
@@ -139,6 +145,7 @@ class RunConfig:
     html: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    sd_file: str | None = None
     address: str | None = None
     device_source: str = "nvml"
     window: float = 10.0
@@ -367,6 +374,8 @@ def parse_overrides(text: str | None) -> dict[str, dict[str, Any]]:
 def run_config(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> RunConfig:
     values = resolve(ns, RUN_OPTIONS, env)
     overrides = parse_overrides(values.get("set"))
+    if values.get("sd_file") and values.get("metrics_port") is None:
+        values["metrics_port"] = 0  # an SD file needs an endpoint to list: any free port
     return RunConfig(command=tuple(command), overrides=overrides, **values)
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -22,6 +23,7 @@ from typing import Any, TextIO
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import WARMUP_STEPS
+from auditor.cluster.fleet import primary_address, remove_sd_file, sd_target, write_sd_file
 from auditor.cluster.launcher import (
     Child,
     LaunchError,
@@ -148,6 +150,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             notes.append(note)
             print(f"auditor: {note}", file=out)
         signals.install()  # again: ray.init installed its own SIGTERM handler over ours
+        if cfg.sd_file and agent is not None:
+            _list_endpoint(cfg.sd_file, cfg.metrics_host, agent, job, notes, out)
         findings = _live_loop(cfg, child, agent, store, started, out)
         code = child.wait()
         if signals.interrupted and code is None:
@@ -156,6 +160,13 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     except LaunchError:
         raise
     finally:
+        if cfg.sd_file:
+            # First, so Prometheus stops scraping before the endpoint goes: a listed endpoint
+            # that is down raises AuditorExporterDown. Also a file an earlier, killed run left.
+            try:
+                remove_sd_file(cfg.sd_file)
+            except OSError as exc:
+                print(f"auditor: could not remove {cfg.sd_file}: {exc}", file=out)
         signals.restore()
         if child.poll() is None and child.proc is not None:
             child.stop(cfg.grace)
@@ -200,6 +211,29 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     else:
         print(render_verdict(report), file=out, flush=True)
     return exit_code
+
+
+def _list_endpoint(
+    path: str, metrics_host: str, agent: AgentHandle, job: str, notes: list[str], out: TextIO
+) -> None:
+    """``--sd-file``: list this run's metrics endpoint for Prometheus' file service discovery,
+    with the job and the node as target labels. A wildcard bind is listed under this machine's
+    primary address, as ``auditor fleet`` lists a node's IP. A failure is a note: the job runs."""
+    addr = agent.address()
+    url = addr.get("metrics")
+    if not url:
+        return
+    target = sd_target(str(url), metrics_host, primary_address())
+    node = str(addr.get("node") or socket.gethostname())
+    entry = {"targets": [target], "labels": {"auditor_job": job, "node": node}}
+    try:
+        write_sd_file(path, [entry])
+    except OSError as exc:
+        note = f"could not write the SD file {path}: {exc}"
+        notes.append(note)
+        print(f"auditor: {note}", file=out)
+        return
+    print(f"auditor: Prometheus target {target} listed in {path}", file=out)
 
 
 def _live_loop(

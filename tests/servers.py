@@ -55,9 +55,7 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def wait_for(
-    probe: Callable[[], T | None], *, timeout: float, what: str, every: float = 0.5
-) -> T:
+def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str, every: float = 0.5) -> T:
     """Polls ``probe`` until it returns something truthy; fails naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None

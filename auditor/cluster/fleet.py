@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,54 @@ NODE_RESOURCE_PREFIX = "auditor_node:"
 # How many ports above --metrics-port-base an agent tries (several nodes may share one host).
 PORT_TRIES = 64
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+# --- Prometheus file service discovery (shared with `auditor run --sd-file`) ---------------------
+def sd_target(metrics_url: str, bind_host: str, reachable_host: str) -> str:
+    """The ``host:port`` Prometheus scrapes for an endpoint served at ``metrics_url`` and bound to
+    ``bind_host``: the bound address itself, unless it is a wildcard (every interface), then
+    ``reachable_host`` (the node's IP or name). IPv6 addresses are bracketed."""
+    hostport = metrics_url.split("://", 1)[-1].split("/", 1)[0]
+    port = hostport.rsplit(":", 1)[1]
+    host = bind_host if bind_host not in _WILDCARD_HOSTS else reachable_host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def sd_text(entries: Sequence[Mapping[str, Any]]) -> str:
+    """A file_sd JSON document: ``[{"targets": ["host:port"], "labels": {...}}, ...]``."""
+    return json.dumps(list(entries), indent=2) + "\n"
+
+
+def write_sd_file(path: str, entries: Sequence[Mapping[str, Any]]) -> str:
+    """Write the file_sd JSON atomically (Prometheus never reads half a file); returns the text."""
+    text = sd_text(entries)
+    write_text_atomic(path, text)
+    return text
+
+
+def remove_sd_file(path: str) -> None:
+    """Remove an SD file so Prometheus stops scraping what it listed; absent already is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def primary_address() -> str:
+    """This machine's address as other hosts see it, for an endpoint bound to every interface:
+    the source IP of the default route (a UDP ``connect`` sends nothing, the way Ray finds a
+    node's IP), else the hostname when there is no route or only loopback."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never contacted
+            ip = str(probe.getsockname()[0])
+    except OSError:
+        ip = ""
+    if ip and not ip.startswith("127.") and ip != "0.0.0.0":
+        return ip
+    return socket.gethostname()
 
 
 def node_name(entry: Mapping[str, Any]) -> str:
@@ -302,15 +352,7 @@ class Fleet:
     def _set_address(self, d: NodeDeployment, address: Mapping[str, Any]) -> None:
         url = address.get("metrics")
         d.metrics_url = str(url) if url else None
-        if url:
-            hostport = str(url).split("://", 1)[1].split("/", 1)[0]
-            port = hostport.rsplit(":", 1)[1]
-            host = self.metrics_host if self.metrics_host not in _WILDCARD_HOSTS else d.ip
-            if ":" in host and not host.startswith("["):
-                host = f"[{host}]"
-            d.target = f"{host}:{port}"
-        else:
-            d.target = None
+        d.target = sd_target(str(url), self.metrics_host, d.ip) if url else None
 
     def _dead_agents(self) -> list[str]:
         """Nodes whose agent died (a ping that fails with an actor error; slow is not dead)."""
@@ -365,8 +407,7 @@ class Fleet:
         if not self.sd_file:
             self._sd_written = ""
             return
-        text = json.dumps(self.targets(), indent=2) + "\n"
-        if text == self._sd_written:
+        entries = self.targets()
+        if sd_text(entries) == self._sd_written:
             return
-        write_text_atomic(self.sd_file, text)
-        self._sd_written = text
+        self._sd_written = write_sd_file(self.sd_file, entries)

@@ -35,6 +35,9 @@ REPLAY_OPTIONS: tuple[Option, ...] = (
     ),
     Option("--job", "job", "job label to export (default: the recording's job)"),
     Option("--node", "node", "node of a multi-node recording to export (one per endpoint)"),
+    Option(
+        "--as-node", "as_node", "export the node under this name (several replays side by side)"
+    ),
 )
 
 
@@ -47,6 +50,7 @@ class ReplayConfig:
     loop: bool = False
     job: str | None = None
     node: str | None = None
+    as_node: str | None = None
 
 
 def replay_config(ns: argparse.Namespace, env: Mapping[str, str]) -> ReplayConfig:
@@ -84,7 +88,14 @@ def run_replay(cfg: ReplayConfig, *, out: TextIO | None = None) -> int:
     out = out or sys.stderr
     try:
         recording = read_recording(cfg.recording)
-        replay = Replay(recording, job=cfg.job, node=cfg.node, speed=cfg.speed, loop=cfg.loop)
+        replay = Replay(
+            recording,
+            job=cfg.job,
+            node=cfg.node,
+            as_node=cfg.as_node,
+            speed=cfg.speed,
+            loop=cfg.loop,
+        )
     except RecordingError as exc:
         raise ConfigError(str(exc)) from None  # it names the file already
     except ReplayError as exc:

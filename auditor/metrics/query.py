@@ -12,6 +12,7 @@ patching anything global.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -106,6 +107,9 @@ class PrometheusClient:
             raise PrometheusError(f"{self.url} unreachable: {exc.reason}") from None
         except TimeoutError:
             raise PrometheusError(f"{self.url}: no answer within {self.timeout_s:g} s") from None
+        except http.client.HTTPException as exc:  # not HTTP (a wrong port), or cut off midway
+            text = _one_line(repr(exc))
+            raise PrometheusError(f"{self.url}: broken HTTP answer: {text}") from None
         except (ConnectionError, OSError) as exc:
             raise PrometheusError(f"{self.url} unreachable: {exc}") from None
         try:
@@ -114,7 +118,7 @@ class PrometheusClient:
             raise PrometheusError(f"{self.url}: answer is not JSON") from None
         if not isinstance(payload, dict) or payload.get("status") != "success":
             err = payload.get("error") if isinstance(payload, dict) else None
-            raise PrometheusError(f"{self.url}: query failed: {err or 'no status'}")
+            raise PrometheusError(f"{self.url}: query failed: {_one_line(str(err or 'no status'))}")
         data = payload.get("data")
         if not isinstance(data, dict):
             raise PrometheusError(f"{self.url}: answer has no data")
@@ -133,4 +137,8 @@ def _error_text(exc: urllib.error.HTTPError) -> str:
         text = str(body.get("error") or exc.reason)
     except (ValueError, AttributeError, OSError):
         text = str(exc.reason)
+    return _one_line(text)
+
+
+def _one_line(text: str) -> str:
     return " ".join(text.split())

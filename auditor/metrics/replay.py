@@ -86,6 +86,18 @@ def select_node(batch: Batch, node: str | None = None) -> tuple[str, Batch]:
     )
 
 
+def rename_node(batch: Batch, name: str) -> Batch:
+    """``batch`` (one node's, from :func:`select_node`) as if recorded on node ``name``: two
+    replays of recordings made on one host can then stand side by side in one Prometheus."""
+    rep = dataclasses.replace
+    return rep(
+        batch,
+        infos=tuple(rep(i, host=name) for i in batch.infos),
+        nodes=tuple(rep(n, host=name) for n in batch.nodes),
+        devices=tuple(rep(d, node=name) for d in batch.devices),
+    )
+
+
 @dataclass(frozen=True)
 class Tick:
     """The samples published together at recording time ``at`` (seconds since the epoch)."""
@@ -166,6 +178,7 @@ class Replay:
         *,
         job: str | None = None,
         node: str | None = None,
+        as_node: str | None = None,
         speed: float = 1.0,
         loop: bool = False,
         tick_s: float = DEFAULT_TICK_S,
@@ -175,6 +188,8 @@ class Replay:
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         self.node, batch = select_node(recording.batch, node)
+        if as_node:
+            self.node, batch = as_node, rename_node(batch, as_node)
         self.job = job or recording.job or next((i.job for i in batch.infos if i.job), "")
         if job:
             # Ranks' own job names label their GPUs; an override that left them would split a job.

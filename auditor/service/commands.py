@@ -62,8 +62,16 @@ def serve(cfg: ServeConfig, *, out: TextIO | None = None, err: TextIO | None = N
     out = out or sys.stdout
     err = err or sys.stderr
     service = make_service(cfg)
+    logger = logging.getLogger("auditor.serve")
     if cfg.once:
-        published = service.evaluate()
+        # The outcome is printed below; the service's "retrying with backoff" warning would be
+        # a second, wrong line (nothing retries). A bug's traceback (ERROR) still shows.
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            published = service.evaluate()
+        finally:
+            logger.setLevel(level)
         health = published.health
         if health.last_success is None:
             print(f"auditor: error: {health.last_error}", file=err)
@@ -73,12 +81,6 @@ def serve(cfg: ServeConfig, *, out: TextIO | None = None, err: TextIO | None = N
         out.write("\n")
         return 0
 
-    handler = logging.StreamHandler(err)
-    handler.setFormatter(logging.Formatter("auditor serve: %(levelname)s %(message)s"))
-    logger = logging.getLogger("auditor.serve")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
     try:
         server = ServiceServer(
             lambda: service.published,
@@ -89,6 +91,13 @@ def serve(cfg: ServeConfig, *, out: TextIO | None = None, err: TextIO | None = N
         )
     except OSError as exc:
         raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from None
+    # Configured only once the port is ours, and put back on the way out.
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("auditor serve: %(levelname)s %(message)s"))
+    saved = (logger.level, logger.propagate)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     stop = threading.Event()
 
     def handle(sig: int, frame: FrameType | None) -> None:
@@ -111,6 +120,8 @@ def serve(cfg: ServeConfig, *, out: TextIO | None = None, err: TextIO | None = N
         server.stop()
         for sig, previous in old.items():
             signal.signal(sig, previous)
+        logger.info("stopped")  # before the handler goes: afterwards nothing would print it
         logger.removeHandler(handler)
-    logger.info("stopped")
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
     return 0

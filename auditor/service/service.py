@@ -263,7 +263,10 @@ class AuditService:
             done = time.perf_counter()
             if health.consecutive_failures:
                 log.warning(
-                    "Prometheus answers again after %d failed evaluation(s) over %.0f s",
+                    "%s after %d failed evaluation(s) over %.0f s",
+                    "evaluations succeed again"
+                    if health.prometheus_up
+                    else "Prometheus answers again",
                     health.consecutive_failures,
                     now - (health.outage_since or now),
                 )

@@ -304,6 +304,16 @@ def test_one_node_per_endpoint() -> None:
     assert st.node_cpu is not None and st.node_cpu.host == "n2"
 
 
+def test_as_node_renames_every_sample_of_the_node() -> None:
+    st = play(small_recording(), as_node="demo-1").state
+    assert st.node == "demo-1"
+    assert {i.host for i in st.infos.values()} == {"demo-1"}
+    assert st.node_cpu is not None and st.node_cpu.host == "demo-1"
+    assert {g.sample.node for g in st.gpus.values() if g.sample is not None} == {"demo-1"}
+    text = scrape_state(st)
+    assert 'node="n1"' not in text and 'node="demo-1"' in text
+
+
 def test_apply_batch_keeps_newest_reads_and_revives_ranks() -> None:
     st = ExportState(job="j", node=NODE, ended={0})
     newer, older = dev("GPU-a", 0, 10.0, 0.75), dev("GPU-a", 0, 9.0, 0.5)

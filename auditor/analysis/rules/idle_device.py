@@ -81,7 +81,10 @@ def _finding(d: DeviceStats, ranks: tuple[int, ...], held: float | None) -> Find
         fixes = {r: fix for r in ranks}
     else:
         one = len(d.pids) <= 1
-        procs = f"PID {pids} holds" if one else f"PIDs {pids} hold"
+        if not d.pids:  # NVML listed none (containers), or the figures came from Prometheus
+            procs = "processes outside this job hold"
+        else:
+            procs = f"PID {pids} holds" if one else f"PIDs {pids} hold"
         kill = " ".join(str(p) for p in d.pids) or "<pid>"
         fix = (
             f"free it: {procs} {fmt_gib(held)} on idle {d.label} ({busy}), outside this job; "

@@ -1,0 +1,262 @@
+"""PromQL answers -> Snapshot: exact reconstruction from hand-written answers in the shape
+Prometheus returns for :func:`queries` (labels as the node endpoints export them)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from auditor.analysis import analyze
+from auditor.analysis.devices import device_stats
+from auditor.metrics import catalog as C
+from auditor.metrics.query import Series
+from auditor.service.promsnapshot import build_snapshots, queries, running_jobs
+
+NOW = 1_800_000_000.0
+WINDOW = 60.0
+JOB = "train"
+NODE = "node-a"
+
+
+def put(answers: dict[str, list[Series]], key: str, labels: dict[str, str], value: float) -> None:
+    answers.setdefault(key, []).append(Series(labels, ((NOW, value),)))
+
+
+def rank_answers(
+    answers: dict[str, list[Series]],
+    rank: int,
+    *,
+    job: str = JOB,
+    node: str = NODE,
+    steps: float = 100.0,
+    step_s: float = 0.1,
+    phases: dict[str, float] | None = None,
+    up: float = 1.0,
+    seen: float = NOW - 1,
+) -> None:
+    """One rank as its endpoint exports it, aggregated over the window."""
+    key = {"job": job, "rank": str(rank)}
+    full = {**key, "node": node, "local_rank": str(rank)}
+    put(answers, "rank_info", {**full, "device": f"cuda:{rank}", "parallel_mode": "ddp",
+                               "world_size": "2"}, 1)  # fmt: skip
+    put(answers, "loader_info", {**full, "pin_memory": "false", "persistent_workers": "false",
+                                 "prefetch_factor": "2", "batch_size": "32"}, 1)  # fmt: skip
+    put(answers, "config_workers", key, 2)
+    put(answers, "rank_up", key, up)
+    put(answers, "rank_seen", key, seen)
+    put(answers, "steps", key, steps)
+    put(answers, "step_seconds", key, steps * step_s)
+    for phase, per_step in (phases or {}).items():
+        put(answers, "phase_seconds", {**key, "phase": phase}, steps * per_step)
+    put(answers, "samples", key, steps * 32)
+    put(answers, "steps_total", key, 1000 + steps)
+    for memory, value in (("rss", 3e9), ("peak", 20e9)):
+        put(answers, "memory", {**key, "memory": memory}, value)
+    put(answers, "cpu", {**key, "process": "main"}, 1.0)
+    put(answers, "cpu", {**key, "process": "workers"}, 1.6)
+    put(answers, "workers", key, 2)
+
+
+def gpu_answers(
+    answers: dict[str, list[Series]],
+    uuid: str,
+    *,
+    index: int,
+    job: str = "",
+    rank: str = "",
+    node: str = NODE,
+    samples: float = 12,
+    util: float = 0.9,
+    reasons: dict[str, float] | None = None,
+) -> None:
+    labels = {"node": node, "gpu": str(index), "uuid": uuid, "model": "NVIDIA H200", "job": job,
+              "rank": rank}  # fmt: skip
+    put(answers, "gpu_up", labels, 1)
+    u = {"uuid": uuid}
+    for key, value in (
+        ("gpu_samples", samples),
+        ("gpu_first", NOW - 55),
+        ("gpu_last", NOW - 1),
+        ("gpu_lost", 0),
+        ("gpu_util", util),
+        ("gpu_mem_used", 40e9),
+        ("gpu_mem_used_max", 41e9),
+        ("gpu_mem_total", 140e9),
+        ("gpu_mem_trend", 1e6),
+        ("gpu_mem_recent", 0.0),
+        ("gpu_sm_clock", 1.2e9),
+        ("gpu_sm_clock_max", 1.98e9),
+        ("gpu_pcie_gen", 4),
+        ("gpu_pcie_gen_max", 5),
+        ("gpu_processes", 1),
+    ):
+        put(answers, key, u, value)
+    if reasons is not None:
+        put(answers, "gpu_throttle_read", u, len(C.THROTTLE_REASONS))
+        for reason, share in reasons.items():
+            put(answers, "gpu_throttle", {**u, "reason": reason}, share)
+
+
+STARVED = {"data_wait": 0.08, "forward": 0.01, "backward": 0.011, "collective_wait": 0.001}
+WAITING = {"data_wait": 0.001, "forward": 0.01, "backward": 0.09, "collective_wait": 0.08}
+
+
+def two_ranks() -> dict[str, list[Series]]:
+    answers: dict[str, list[Series]] = {}
+    rank_answers(answers, 0, phases=WAITING)
+    rank_answers(answers, 1, phases=STARVED)
+    node = {"job": JOB, "node": NODE}
+    for key, value in (
+        ("node_cores", 16),
+        ("node_busy", 4),
+        ("node_load", 3),
+        ("node_samples", 12),
+    ):
+        put(answers, key, node, value)
+    return answers
+
+
+def test_mean_step_of_the_window() -> None:
+    snap = build_snapshots(two_ranks(), NOW, WINDOW)[JOB]
+    assert (snap.start, snap.end) == (NOW - WINDOW, NOW)
+    view = snap.ranks[1]
+    (step,) = view.steps
+    assert step.count == 100 and step.time == NOW
+    assert step.step_s == pytest.approx(0.1)
+    assert step.data_wait_s == pytest.approx(0.08)
+    assert step.collective_wait_s == pytest.approx(0.001)
+    assert step.h2d_s == 0.0 and step.optimizer_s == 0.0  # exported as absent: none measured
+    assert step.batch_size == 32
+    assert step.rss_bytes == 3_000_000_000 and step.mem_peak_bytes == 20_000_000_000
+    assert step.mem_allocated_bytes is None  # not exported: unknown, not zero
+    assert snap.total_steps == {0: 1100, 1: 1100}
+    assert snap.stats[1].steps == 100  # the rules' min_steps see the steps it stands for
+    (node,) = snap.nodes
+    assert (node.host, node.cores, node.busy_cores, node.load1, node.samples) == (
+        NODE,
+        16,
+        4,
+        3,
+        12,
+    )
+
+
+def test_unmeasured_collective_wait_stays_unknown() -> None:
+    answers: dict[str, list[Series]] = {}
+    rank_answers(answers, 0, phases={"data_wait": 0.01, "forward": 0.02, "backward": 0.05})
+    (step,) = build_snapshots(answers, NOW, WINDOW)[JOB].ranks[0].steps
+    assert step.collective_wait_s is None
+
+
+def test_rank_identity_loader_and_cpu() -> None:
+    view = build_snapshots(two_ranks(), NOW, WINDOW)[JOB].ranks[0]
+    info = view.info
+    assert (info.rank, info.world_size, info.host, info.device, info.parallel_mode) == (
+        0,
+        2,
+        NODE,
+        "cuda:0",
+        "ddp",
+    )
+    assert info.loader is not None
+    assert (info.loader.num_workers, info.loader.pin_memory, info.loader.prefetch_factor) == (
+        2,
+        False,
+        2,
+    )
+    assert info.loader.batch_size == 32 and info.loader.persistent_workers is False
+    (cpu,) = view.cpu
+    assert cpu.main_cpu == 1.0 and cpu.worker_cpu == (0.8, 0.8)
+
+
+def test_no_step_in_the_window_gives_no_sample() -> None:
+    answers = two_ranks()
+    answers["steps"] = [s for s in answers["steps"] if s.labels["rank"] != "1"]
+    answers["steps"].append(Series({"job": JOB, "rank": "1"}, ((NOW, 0.0),)))
+    snap = build_snapshots(answers, NOW, WINDOW)[JOB]
+    assert snap.ranks[1].steps == ()
+
+
+def test_nan_answers_are_ignored() -> None:
+    answers = two_ranks()
+    answers["memory"].append(Series({"job": JOB, "rank": "0", "memory": "allocated"},
+                                    ((NOW, math.nan),)))  # fmt: skip
+    (step,) = build_snapshots(answers, NOW, WINDOW)[JOB].ranks[0].steps
+    assert step.mem_allocated_bytes is None
+
+
+def test_gpus_owned_by_labels_and_kept_per_job() -> None:
+    answers = two_ranks()
+    gpu_answers(answers, "GPU-a", index=0, job=JOB, rank="0")
+    gpu_answers(answers, "GPU-b", index=1, job=JOB, rank="1", reasons={"sw_thermal_slowdown": 0.6})
+    gpu_answers(answers, "GPU-free", index=2)  # nobody's, on the job's node: shown
+    gpu_answers(answers, "GPU-far", index=0, node="node-b")  # nobody's, elsewhere: not ours
+    gpu_answers(answers, "GPU-other", index=3, job="other", rank="0")
+    gpu_answers(answers, "GPU-silent", index=4, samples=0)  # never answered: left out
+    rank_answers(answers, 0, job="other")
+    snaps = build_snapshots(answers, NOW, WINDOW)
+    snap = snaps[JOB]
+    assert snap.ranks[0].info.device_uuids == ("GPU-a",) and snap.ranks[0].info.devices == (0,)
+    assert snap.ranks[1].info.device_uuids == ("GPU-b",)
+    assert {g.uuid for g in snap.gpus} == {"GPU-a", "GPU-b", "GPU-free"}
+    assert {g.uuid for g in snaps["other"].gpus} == {"GPU-other", "GPU-free"}
+    stats = device_stats(snap)
+    b = stats["GPU-b"]
+    assert b.samples == 12 and b.span_s == 54 and b.lost is False
+    assert b.sm_clock_mhz == pytest.approx(1200) and b.sm_clock_ratio == pytest.approx(1.2 / 1.98)
+    assert b.mem_ratio == pytest.approx(40 / 140) and b.mem_used_max_bytes == 41_000_000_000
+    assert b.mem_trend_bytes_per_s == 1e6 and b.pcie_gen == 4 and b.pcie_degraded is True
+    assert b.throttle_share == 0.6 and b.throttle_reasons == ("sw_thermal_slowdown",)
+    # Reasons read but none active: 0, not unknown; no reasons read at all: unknown.
+    gpu_answers(answers, "GPU-c", index=5, reasons={})
+    again = device_stats(build_snapshots(answers, NOW, WINDOW)[JOB])
+    assert again["GPU-c"].throttle_share == 0.0
+    assert stats["GPU-a"].throttle_share is None
+
+
+def test_running_jobs() -> None:
+    answers = two_ranks()
+    rank_answers(answers, 0, job="stale", seen=NOW - 300)
+    rank_answers(answers, 0, job="ended", up=0)
+    jobs = running_jobs(answers, NOW, stale_after_s=30)
+    assert {j for j, w in jobs.items() if w.running} == {JOB}
+    assert set(jobs) == {JOB, "stale", "ended"}
+    snaps = build_snapshots(answers, NOW, WINDOW, jobs=[JOB])
+    assert set(snaps) == {JOB}
+    assert build_snapshots(answers, NOW, WINDOW)["ended"].ranks[0].ended is True
+
+
+def test_the_same_rules_judge_it() -> None:
+    findings = analyze(build_snapshots(two_ranks(), NOW, WINDOW)[JOB])
+    starved = [f for f in findings if f.kind == "data_starvation"]
+    assert [f.ranks for f in starved] == [(1,)]
+    assert "num_workers 2 ->" in starved[0].fixes[1]
+    assert all(0 not in f.ranks for f in findings if f.severity != "info")
+
+
+def test_every_query_names_catalog_metrics_and_parses(tmp_path: Path) -> None:
+    exprs = queries(WINDOW)
+    for key, expr in exprs.items():
+        names = set(re.findall(r"\bauditor_[a-z0-9_]+", expr))
+        assert names and names <= set(C.BY_NAME), (key, names)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (tests/run.sh installs it)")
+    rules = {
+        "groups": [
+            {
+                "name": "serve-queries",
+                "rules": [{"record": f"check:{key}", "expr": e} for key, e in exprs.items()],
+            }
+        ]
+    }
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
