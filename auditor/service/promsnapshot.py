@@ -156,14 +156,13 @@ def build_snapshots(
 
     def flat(name: str) -> dict[tuple[str, str], float]:
         """``{(job, rank): value}`` of one answer (aggregated ``by (job, rank)``)."""
-        out: dict[tuple[str, str], float] = {}
-        for s in answers.get(name, ()):
-            labels = s.labels
-            job = labels.get("job")
-            value = s.samples[-1][1]
-            if job and (wanted is None or job in wanted) and value == value:  # NaN: no answer
-                out[(job, labels.get("rank", ""))] = value
-        return out
+        # Comprehensions, not loops: this runs once per series, ~10^5 times at 4,096 ranks.
+        return {
+            (s.labels.get("job", ""), s.labels.get("rank", "")): x
+            for s in answers.get(name, ())
+            if (x := s.samples[-1][1]) == x  # NaN: no answer
+            and (wanted is None or s.labels.get("job") in wanted)
+        }
 
     def by_rank(name: str, sub: str) -> dict[tuple[str, str], dict[str, float]]:
         """``{(job, rank): {value of label sub: value}}`` of one answer."""
@@ -351,6 +350,7 @@ def _step(
 
 
 def _bytes(value: float | None) -> int | None:
+    """An integral figure (bytes, a count, a PCIe generation), None where unknown."""
     return None if value is None else int(value)
 
 
@@ -419,18 +419,24 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
         # A GPU that changed owner in the window has a series per owner; an owner beats none.
         if uuid and (uuid not in identity or s.labels.get("job")):
             identity[uuid] = s.labels
-    values: dict[str, dict[str, float]] = defaultdict(dict)
-    for key in (
-        "gpu_samples",
-        "gpu_first",
-        "gpu_last",
-        "gpu_lost",
-        "gpu_mem_trend",
-        "gpu_mem_recent",
-        *_GPU_MEDIANS,
-        *_GPU_MAXIMA,
-    ):
-        _collect(answers, key, values)
+    # One {uuid: value} column per figure (a comprehension per answer, not a loop per series).
+    col = {
+        key: {
+            s.labels.get("uuid", ""): x
+            for s in answers.get(key, ())
+            if (x := s.samples[-1][1]) == x  # NaN: no answer
+        }
+        for key in (
+            "gpu_samples",
+            "gpu_first",
+            "gpu_last",
+            "gpu_lost",
+            "gpu_mem_trend",
+            "gpu_mem_recent",
+            *_GPU_MEDIANS,
+            *_GPU_MAXIMA,
+        )
+    }
     throttle: dict[str, dict[str, float]] = defaultdict(dict)
     for s in answers.get("gpu_throttle", ()):
         value = _value(s)
@@ -440,15 +446,18 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
     read = {s.labels.get("uuid", "") for s in answers.get("gpu_throttle_read", ())}
 
     out: dict[str, tuple[DeviceStats, str, str]] = {}
+    samples_of = col["gpu_samples"]
     for uuid, labels in identity.items():
-        v = values.get(uuid, {})
-        answered = round(v.get("gpu_samples", 0.0))
+        answered = round(samples_of.get(uuid, 0.0))
         if answered <= 0:
             continue
-        used = v.get("gpu_mem_used")
-        total = v.get("gpu_mem_total")
-        clock = v.get("gpu_sm_clock")
-        clock_max = v.get("gpu_sm_clock_max")
+
+        # This GPU's figure of each column (None where Prometheus had none).
+        v = {key: c.get(uuid) for key, c in col.items()}
+        used = v["gpu_mem_used"]
+        total = v["gpu_mem_total"]
+        clock = v["gpu_sm_clock"]
+        clock_max = v["gpu_sm_clock_max"]
         reasons = {r: share for r, share in throttle.get(uuid, {}).items() if r not in IDLE_REASONS}
         ordered = tuple(sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r]))
         stats = DeviceStats(
@@ -457,40 +466,29 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
             index=_int(labels.get("gpu")) or 0,
             model=labels.get("model", ""),
             samples=answered,
-            lost=v.get("gpu_lost") == 1,
-            span_s=max(0.0, v.get("gpu_last", 0.0) - v.get("gpu_first", 0.0)),
-            gpu_util=v.get("gpu_util"),
+            lost=v["gpu_lost"] == 1,
+            span_s=max(0.0, (v["gpu_last"] or 0.0) - (v["gpu_first"] or 0.0)),
+            gpu_util=v["gpu_util"],
             mem_used_bytes=used,
-            mem_used_max_bytes=_bytes(v.get("gpu_mem_used_max")),
+            mem_used_max_bytes=_bytes(v["gpu_mem_used_max"]),
             mem_total_bytes=_bytes(total),
             mem_ratio=used / total if used is not None and total else None,
-            mem_trend_bytes_per_s=v.get("gpu_mem_trend"),
-            mem_recent_trend_bytes_per_s=v.get("gpu_mem_recent"),
+            mem_trend_bytes_per_s=v["gpu_mem_trend"],
+            mem_recent_trend_bytes_per_s=v["gpu_mem_recent"],
             sm_clock_mhz=None if clock is None else clock / _MHZ,
             sm_clock_max_mhz=None if clock_max is None else clock_max / _MHZ,
             sm_clock_ratio=clock / clock_max if clock is not None and clock_max else None,
             throttle_share=max(reasons.values(), default=0.0) if uuid in read else None,
             throttle_reasons=ordered,
-            temperature_c=v.get("gpu_temperature"),
-            power_w=v.get("gpu_power"),
-            power_limit_w=v.get("gpu_power_limit"),
-            pcie_gen=_int_value(v.get("gpu_pcie_gen")),
-            pcie_gen_max=_int_value(v.get("gpu_pcie_gen_max")),
-            pcie_width=_int_value(v.get("gpu_pcie_width")),
-            pcie_width_max=_int_value(v.get("gpu_pcie_width_max")),
-            process_count=_int_value(v.get("gpu_processes")) or 0,
+            temperature_c=v["gpu_temperature"],
+            power_w=v["gpu_power"],
+            power_limit_w=v["gpu_power_limit"],
+            pcie_gen=_bytes(v["gpu_pcie_gen"]),
+            pcie_gen_max=_bytes(v["gpu_pcie_gen_max"]),
+            pcie_width=_bytes(v["gpu_pcie_width"]),
+            pcie_width_max=_bytes(v["gpu_pcie_width_max"]),
+            process_count=_bytes(v["gpu_processes"]) or 0,
             processes=(),
         )
         out[uuid] = (stats, labels.get("job", ""), labels.get("rank", ""))
     return out
-
-
-def _collect(answers: Answers, key: str, into: dict[str, dict[str, float]]) -> None:
-    for s in answers.get(key, ()):
-        value = s.samples[-1][1]
-        if value == value:  # NaN: no answer
-            into[s.labels.get("uuid", "")][key] = value
-
-
-def _int_value(value: float | None) -> int | None:
-    return None if value is None else int(value)

@@ -306,3 +306,26 @@ def test_builder_models_the_ddp_barrier() -> None:
         for s in steps:
             own = s.data_wait_s + s.h2d_s + s.forward_s + s.backward_s + s.optimizer_s
             assert own == pytest.approx(s.step_s)
+
+
+def test_one_sample_fast_path_matches_the_general_statistics() -> None:
+    """A rank with one aggregated sample (the operator path) gets the figures the general path
+    computes for the same steps split over two samples."""
+    from dataclasses import replace
+
+    from auditor.analysis.snapshot import RankView
+    from auditor.analysis.stats import rank_stats
+    from auditor.samples import ProcessCpu, RankInfo, StepSample
+
+    step = StepSample(
+        rank=1, step=3, time=1.0, step_s=0.2, data_wait_s=0.1, h2d_s=0.004, forward_s=0.03,
+        backward_s=0.05, optimizer_s=0.006, collective_wait_s=0.01, batch_size=32,
+        rss_bytes=10, mem_allocated_bytes=15, mem_peak_bytes=20, count=7,
+    )  # fmt: skip
+    info = RankInfo(rank=1, world_size=2, host="h", device="cuda:1")
+    cpu = (ProcessCpu(rank=1, time=1.0, pid=0, main_cpu=0.9, worker_cpu=(0.3, 0.3)),)
+    one = rank_stats(RankView(info=info, steps=(step,), cpu=cpu))
+    split = (replace(step, count=3), replace(step, count=4, time=2.0))
+    two = rank_stats(RankView(info=info, steps=split, cpu=cpu))
+    assert one == two
+    assert one.steps == 7 and one.compute_s == step.compute_s
