@@ -131,8 +131,6 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
 
 def rank_stats(view: RankView) -> RankStats:
     steps = view.steps
-    if len(steps) == 1:
-        return _one_sample_stats(view)
     cap = (
         WEIGHT_CAP * median([s.step_s for s in steps])
         if len(steps) > 1
@@ -163,35 +161,4 @@ def rank_stats(view: RankView) -> RankStats:
         rss_bytes=median_or_none([s.rss_bytes for s in steps]),
         mem_allocated_bytes=median_or_none([s.mem_allocated_bytes for s in steps]),
         mem_peak_bytes=median_or_none([s.mem_peak_bytes for s in steps]),
-    )
-
-
-def _one_sample_stats(view: RankView) -> RankStats:
-    """A rank with one (possibly aggregated) step sample: its values are the medians. The
-    operator path hands every rank over this way, 4,096 of them per evaluation."""
-    (s,) = view.steps
-    cpu = view.cpu
-    main = [c.main_cpu for c in cpu if c.main_cpu is not None]
-    workers = [c.worker_cpu_total for c in cpu if c.workers]
-    return RankStats(
-        rank=view.info.rank,
-        host=view.info.host,
-        device=view.info.device,
-        steps=s.count,
-        step_s=s.step_s,
-        data_wait_s=s.data_wait_s,
-        h2d_s=s.h2d_s,
-        forward_s=s.forward_s,
-        backward_s=s.backward_s,
-        optimizer_s=s.optimizer_s,
-        collective_wait_s=s.collective_wait_s,
-        compute_s=s.compute_s,
-        batch_size=None if s.batch_size is None else float(s.batch_size),
-        main_cpu=sum(main) / len(main) if main else None,
-        worker_cpu=sum(workers) / len(workers) if workers else None,
-        workers=max((c.workers for c in cpu), default=0),
-        loader=view.info.loader,
-        rss_bytes=None if s.rss_bytes is None else float(s.rss_bytes),
-        mem_allocated_bytes=None if s.mem_allocated_bytes is None else float(s.mem_allocated_bytes),
-        mem_peak_bytes=None if s.mem_peak_bytes is None else float(s.mem_peak_bytes),
     )

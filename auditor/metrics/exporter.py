@@ -291,26 +291,32 @@ def _gpu_values(s: DeviceSample) -> list[tuple[MetricSpec, float | None]]:
     ]
 
 
-class AuditorCollector(Collector):
-    """Custom collector: calls ``state_fn`` once per scrape and renders what it returns."""
+class RenderingCollector(Collector):
+    """Custom collector: calls ``families`` once per scrape and yields what it renders. The node
+    agent renders its :class:`ExportState`, ``auditor serve`` its published evaluation."""
 
-    def __init__(self, state_fn: StateFn) -> None:
-        self._state_fn = state_fn
+    def __init__(self, families: Callable[[], list[Metric]]) -> None:
+        self._families = families
 
     def collect(self) -> Iterator[Metric]:
-        yield from render(self._state_fn())
+        yield from self._families()
 
     def describe(self) -> list[Metric]:
         """Nothing up front: the families depend on the state, and registering must not call it."""
         return []
 
 
-def make_registry(state_fn: StateFn) -> CollectorRegistry:
-    """A fresh registry holding only the auditor collector (no process/platform collectors:
-    the auditor reports on training ranks, not on itself)."""
+def registry_for(families: Callable[[], list[Metric]]) -> CollectorRegistry:
+    """A fresh registry holding only one rendering collector (no process/platform collectors:
+    the auditor reports on training ranks and jobs, not on itself)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AuditorCollector(state_fn))
+    registry.register(RenderingCollector(families))
     return registry
+
+
+def make_registry(state_fn: StateFn) -> CollectorRegistry:
+    """The node endpoint's registry: ``state_fn``'s state rendered at every scrape."""
+    return registry_for(lambda: render(state_fn()))
 
 
 def serve(

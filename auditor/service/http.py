@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import CollectorRegistry
 
 from auditor.metrics import catalog as C
-from auditor.metrics.exporter import SeriesSet, add_findings
+from auditor.metrics.exporter import SeriesSet, add_findings, registry_for
 
 from .service import Published, finding_dict
 
@@ -58,21 +58,8 @@ def _node_lookup(nodes: Mapping[int, str]) -> Callable[[int], str]:
     return lambda rank: nodes.get(rank, "")
 
 
-class _Collector(Collector):
-    def __init__(self, published: PublishedFn) -> None:
-        self._published = published
-
-    def collect(self) -> Iterator[Metric]:
-        yield from render(self._published())
-
-    def describe(self) -> list[Metric]:
-        return []
-
-
 def make_registry(published: PublishedFn) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(published))
-    return registry
+    return registry_for(lambda: render(published()))
 
 
 def findings_document(published: Published, now: float) -> dict[str, Any]:
