@@ -33,8 +33,8 @@ import _common as c
 
 from auditor.metrics import catalog as C
 from auditor.metrics.query import Series
-from auditor.service.promsnapshot import queries
-from auditor.service.service import analyse_answers, no_cyclic_gc
+from auditor.service.promsnapshot import build_snapshots, queries
+from auditor.service.service import analyse_answers, judge, no_cyclic_gc
 
 GOAL_S = 0.2
 WINDOW_S = 60.0
@@ -184,6 +184,8 @@ def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
     raw = as_prometheus_json(ans)
     analysis: list[float] = []
     decoding: list[float] = []
+    rebuild: list[float] = []
+    rules: list[float] = []
     results: dict[str, Any] = {}
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -194,6 +196,16 @@ def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
         t2 = time.perf_counter()
         decoding.append(t1 - t0)
         analysis.append(t2 - t1)
+        # The same analysis in its two halves: the snapshot rebuilt from the answers, and the
+        # rules (statistics included) judging it.
+        with no_cyclic_gc():
+            t3 = time.perf_counter()
+            snapshot = build_snapshots(ans, now, WINDOW_S, jobs=[JOB])[JOB]
+            t4 = time.perf_counter()
+            judge(snapshot)
+            t5 = time.perf_counter()
+        rebuild.append(t4 - t3)
+        rules.append(t5 - t4)
     job = results[JOB]
     found = sorted({(f.kind, r) for f in job.findings for r in f.ranks if f.severity != "info"})
     median = statistics.median(analysis)
@@ -203,6 +215,8 @@ def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
         "series": sum(len(series) for series in ans.values()),
         "analysis_s": c.summary(analysis),
         "analysis_per_rank_us": round(median / ranks * 1e6, 2),
+        "rebuild_s": c.summary(rebuild),
+        "rules_s": c.summary(rules),
         "decode_s": c.summary(decoding),
         "answer_bytes": sum(len(b) for b in raw.values()),
         "findings": [f"{k} rank {r}" for k, r in found],
@@ -222,7 +236,9 @@ def main() -> int:
             rows.append(row)
             print(
                 f"ranks {n:5d}  scrape {scrape:4.0f} s  analysis median "
-                f"{row['analysis_s']['median']:.3f} s ({row['analysis_per_rank_us']:.0f} us/rank)  "
+                f"{row['analysis_s']['median']:.3f} s ({row['analysis_per_rank_us']:.0f} us/rank; "
+                f"rebuild {row['rebuild_s']['median']:.3f} s + "
+                f"rules {row['rules_s']['median']:.3f} s)  "
                 f"decode {row['decode_s']['median']:.3f} s  findings {row['findings']}",
                 flush=True,
             )
