@@ -170,6 +170,7 @@ def run_fleet(cfg: FleetConfig, *, out: TextIO | None = None) -> int:
         metrics_port_base=cfg.metrics_port_base,
         sample_interval_s=cfg.sample_interval,
         watch_interval_s=cfg.watch_interval,
+        rank_sink=cfg.rank_sink_path,
     )
     try:
         fleet.start()
@@ -181,6 +182,13 @@ def run_fleet(cfg: FleetConfig, *, out: TextIO | None = None) -> int:
             )
         if cfg.sd_file:
             print(f"auditor: service discovery file {cfg.sd_file}", file=out, flush=True)
+        if cfg.rank_sink_path:
+            print(
+                f"auditor: ranks of jobs run with AUDITOR_PROBE=1 report to {cfg.rank_sink_path} "
+                "on each node",
+                file=out,
+                flush=True,
+            )
         print("auditor: fleet running; Ctrl-C to stop", file=out, flush=True)
         while not done.wait(1.0):
             pass

@@ -210,6 +210,12 @@ FLEET_OPTIONS: tuple[Option, ...] = (
         _positive,
         5.0,
     ),
+    Option(
+        "--rank-sink",
+        "rank_sink",
+        "socket each node's agent takes ranks on, from every job opted in with AUDITOR_PROBE=1 "
+        "(default: the probe's default path; none: GPUs and the host only)",
+    ),
 )
 
 DOCTOR_OPTIONS: tuple[Option, ...] = (
@@ -305,6 +311,16 @@ class FleetConfig:
     metrics_port_base: int = 0
     sample_interval: float = 1.0
     watch_interval: float = 5.0
+    rank_sink: str | None = None
+
+    @property
+    def rank_sink_path(self) -> str | None:
+        """The rank socket path, or None when turned off."""
+        from auditor.probe.hooks import default_sink_path
+
+        if self.rank_sink is None:
+            return default_sink_path()
+        return None if self.rank_sink.strip().lower() == "none" else self.rank_sink
 
 
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:

@@ -57,6 +57,14 @@ class RankInfo:
     # script registered a builtin comm hook); the report says what was not measured.
     unmeasured: tuple[str, ...] = ()
     job: str = ""
+    # Set by a node agent serving several jobs: the key it files this rank's samples under
+    # (rank numbers repeat across jobs). None: the rank number is the key.
+    key: int | None = None
+
+    @property
+    def slot(self) -> int:
+        """The key of this rank's samples in a node agent's state."""
+        return self.rank if self.key is None else self.key
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankInfo:
@@ -69,7 +77,10 @@ class RankInfo:
         return _from_dict(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["key"] is None:  # a node-local detail: recordings and the wire stay as they were
+            del d["key"]
+        return d
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,17 @@ class NodeAgentCore:
         gpu_timeout_s: float = 0.5,
         host: str | None = None,
         sampler: HostSampler | None = None,
+        multi_job: bool = False,
     ) -> None:
         self.job = job
         self.node = host or socket.gethostname()
         self._sampler = sampler or HostSampler(host=self.node)
-        # No sink path: no rank intake (the fleet's agents export GPUs and the host only).
+        # No sink path: no rank intake (GPUs and the host only). A fleet agent takes the ranks
+        # of every job on its node (``multi_job``: rank numbers repeat across jobs).
         self._intake = (
-            RankIntake(sink_path, on_workers=self._on_workers) if sink_path is not None else None
+            RankIntake(sink_path, on_workers=self._on_workers, multi_job=multi_job)
+            if sink_path is not None
+            else None
         )
         self._interval = sample_interval_s
         self._gpu_timeout = gpu_timeout_s
@@ -140,7 +144,7 @@ class NodeAgentCore:
         delta = self._drain_intake()
         with self._lock:
             for info in delta.infos:
-                self._sampler.track(info.rank, info.pid)  # before sampling, so it counts now
+                self._sampler.track(info.slot, info.pid)  # before sampling, so it counts now
             procs, node = self._sampler.sample()
             self._absorb(delta, procs, node)
 

@@ -169,10 +169,14 @@ class Fleet:
         watch_interval_s: float = 5.0,
         call_timeout_s: float = 60.0,
         name_actors: bool = True,
+        rank_sink: str | None = None,
     ) -> None:
         import ray
 
         self._ray = ray
+        # Where each node's agent takes the ranks of every job opted in without `auditor run`
+        # (the probe's default socket path); None: GPUs and the host only.
+        self.rank_sink = rank_sink
         self.device_source = device_source
         self.sd_file = sd_file
         self.metrics_host = metrics_host
@@ -289,7 +293,8 @@ class Fleet:
     def _new_agent(self, node_id: str, name: str) -> Any:
         return self._agent_cls.options(**self._agent_options(node_id)).remote(
             job="",
-            sink_path=None,
+            sink_path=self.rank_sink,
+            multi_job=True,
             host=name,
             metrics_host=self.metrics_host,
             metrics_port=self.metrics_port_base,

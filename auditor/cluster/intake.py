@@ -3,10 +3,16 @@
 One thread multiplexes every rank connection with ``selectors``; each complete line is parsed
 into samples and queued for :meth:`RankIntake.drain`. A closed connection marks its rank ended.
 Malformed lines are counted and skipped: one bad sender must not cost the others their data.
+
+One job (``auditor run``): samples are keyed by rank. Several jobs (a fleet node agent on the
+probe's default socket, ``multi_job=True``): rank numbers repeat across jobs, so each ``(job,
+rank)`` gets its own key, and every sample from that connection is rewritten to it; the
+:class:`RankInfo` keeps the real job and rank, which is what the exporter labels with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +30,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Conn:
     buf: bytes = b""
-    rank: int | None = None
+    rank: int | None = None  # the key its samples are filed under (the rank, or a job's key)
     pid: int | None = None
 
 
@@ -43,8 +49,11 @@ class RankIntake:
         path: str,
         *,
         on_workers: Callable[[int, int, tuple[int, ...]], None] | None = None,
+        multi_job: bool = False,
     ) -> None:
         self.path = path
+        self.multi_job = multi_job
+        self._keys: dict[tuple[str, int], int] = {}
         self._on_workers = on_workers
         self._sel = selectors.DefaultSelector()
         self._lock = threading.Lock()
@@ -137,6 +146,13 @@ class RankIntake:
             if line.strip():
                 self._line(state, line)
 
+    def _key(self, info: RankInfo) -> int:
+        """The key a rank's samples are filed under: its rank, or with several jobs one key per
+        ``(job, rank)`` (a rank that reconnects keeps its key, and so its totals)."""
+        if not self.multi_job:
+            return info.rank
+        return self._keys.setdefault((info.job, info.rank), len(self._keys))
+
     def _line(self, state: _Conn, line: bytes) -> None:
         try:
             msg = json.loads(line)
@@ -145,13 +161,18 @@ class RankIntake:
             kind = msg.get("type")
             if kind in ("hello", "info"):
                 info = RankInfo.from_dict(msg["info"])
-                state.rank, state.pid = info.rank, info.pid
-                self.infos[info.rank] = info
+                key = self._key(info)
+                if self.multi_job:
+                    info = dataclasses.replace(info, key=key)
+                state.rank, state.pid = key, info.pid
+                self.infos[key] = info
                 with self._lock:
-                    self._delta.infos[info.rank] = info
-                    self._delta.ended.discard(info.rank)
+                    self._delta.infos[key] = info
+                    self._delta.ended.discard(key)
             elif kind == "steps":
                 steps = [StepSample.from_row(row) for row in msg["rows"]]
+                if self.multi_job and state.rank is not None:
+                    steps = [dataclasses.replace(s, rank=state.rank) for s in steps]
                 with self._lock:
                     self._delta.steps.extend(steps)
             elif kind == "workers":

@@ -93,13 +93,15 @@ def render(state: ExportState) -> list[Metric]:
     findings = list(state.findings)
     out = SeriesSet()
 
-    # Only ranks that introduced themselves: label sets (local_rank, node) stay stable.
+    # Only ranks that introduced themselves: label sets (local_rank, node) stay stable. ``rank``
+    # below is the key the samples are filed under: the rank number, or (a fleet agent serving
+    # several jobs) a key per job and rank; the labels are the rank's own job and rank.
     for rank in sorted(infos):
         info = infos[rank]
         base = {
-            "job": state.job,
+            "job": info.job or state.job,
             "node": info.host or state.node,
-            "rank": str(rank),
+            "rank": str(info.rank),
             "local_rank": str(info.local_rank),
         }
         out.add(

@@ -122,8 +122,8 @@ def apply_batch(state: ExportState, batch: Batch) -> ExportState:
     in with it, ``auditor replay`` a recording's ticks.
     """
     for info in batch.infos:
-        state.infos[info.rank] = info
-        state.ended.discard(info.rank)
+        state.infos[info.slot] = info
+        state.ended.discard(info.slot)
     for s in batch.steps:
         state.totals.setdefault(s.rank, RankTotals()).add(s)
     for c in sorted(batch.processes, key=lambda c: c.time):

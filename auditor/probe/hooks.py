@@ -39,6 +39,11 @@ from .sink import Sink, step_message
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
 
 
+def _script_name() -> str:
+    name = os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0]
+    return name if name and name != "-c" else "python"
+
+
 def default_sink_path() -> str:
     """Where a fleet node agent listens when no launcher set ``AUDITOR_SINK``."""
     return os.path.join(_DEFAULT_SINK_DIR.format(uid=os.getuid()), "sink.sock")
@@ -69,7 +74,9 @@ class Probe:
 
     def __init__(self, torch: Any, *, sink_path: str | None = None, job: str = "") -> None:
         self.torch = torch
-        self.job = job or os.environ.get("AUDITOR_JOB", "")
+        # Without a launcher's name (a job opted in with AUDITOR_PROBE under a fleet agent), the
+        # script's name, as `auditor run` names jobs by default.
+        self.job = job or os.environ.get("AUDITOR_JOB") or _script_name()
         self.sink_path = sink_path or os.environ.get("AUDITOR_SINK") or default_sink_path()
         self.enabled = True
         self.active = False

@@ -200,7 +200,7 @@ def build_snapshots(
     for uuid, (g, owner_job, owner_rank) in gpus.items():
         if owner_job and owner_rank:
             owned[(owner_job, owner_rank)].append((g.index, uuid))
-    nodes = _nodes(answers, now, wanted)
+    nodes = _nodes(answers, now)
 
     by_job: dict[str, list[tuple[int, tuple[str, str]]]] = defaultdict(list)
     for key in set(infos) | set(steps):
@@ -247,7 +247,7 @@ def build_snapshots(
             start=start,
             end=now,
             ranks=tuple(views),
-            nodes=tuple(nodes.get(job, ())),
+            nodes=_job_nodes(nodes, job, hosts),
             gpus=tuple(
                 g for g, gjob, _ in gpus.values() if gjob == job or (not gjob and g.node in hosts)
             ),
@@ -383,28 +383,35 @@ def _process_cpu(
 # nodes and GPUs
 
 
-def _nodes(answers: Answers, now: float, wanted: set[str] | None) -> dict[str, list[NodeCpu]]:
+def _nodes(answers: Answers, now: float) -> dict[tuple[str, str], NodeCpu]:
+    """Node CPU by ``(job, node)``. ``job`` is "" from a fleet agent, which serves every job on
+    its node: such a node counts for each job with ranks there (see :func:`_job_nodes`)."""
     values: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for name in ("node_cores", "node_busy", "node_load", "node_samples"):
         for s in answers.get(name, ()):
-            job = s.labels.get("job", "")
             value = _value(s)
-            if job and value is not None and (wanted is None or job in wanted):
-                values[(job, s.labels.get("node", ""))][name] = value
-    out: dict[str, list[NodeCpu]] = defaultdict(list)
-    for (job, node), v in sorted(values.items()):
-        if "node_cores" in v and "node_busy" in v:
-            out[job].append(
-                NodeCpu(
-                    host=node,
-                    time=now,
-                    cores=v["node_cores"],
-                    busy_cores=v["node_busy"],
-                    load1=v.get("node_load", 0.0),
-                    samples=max(1, round(v.get("node_samples", 1.0))),
-                )
-            )
-    return out
+            if value is not None:
+                values[(s.labels.get("job", ""), s.labels.get("node", ""))][name] = value
+    return {
+        key: NodeCpu(
+            host=key[1],
+            time=now,
+            cores=v["node_cores"],
+            busy_cores=v["node_busy"],
+            load1=v.get("node_load", 0.0),
+            samples=max(1, round(v.get("node_samples", 1.0))),
+        )
+        for key, v in sorted(values.items())
+        if "node_cores" in v and "node_busy" in v
+    }
+
+
+def _job_nodes(
+    nodes: Mapping[tuple[str, str], NodeCpu], job: str, hosts: Iterable[str]
+) -> tuple[NodeCpu, ...]:
+    """The CPU of each node a job has ranks on: its own endpoint's, else the fleet agent's."""
+    found = (nodes.get((job, host)) or nodes.get(("", host)) for host in sorted(hosts))
+    return tuple(n for n in found if n is not None)
 
 
 def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:

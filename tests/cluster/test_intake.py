@@ -242,3 +242,59 @@ def test_stop_twice_is_harmless(path: str) -> None:
     i.start()
     i.stop()
     i.stop()
+
+
+def test_several_jobs_keep_their_ranks_apart(path: str) -> None:
+    """A fleet agent's intake: rank 0 of two jobs is two ranks, each sample filed under its
+    (job, rank) key, the infos keeping their real job and rank."""
+    seen: list[tuple[int, int, tuple[int, ...]]] = []
+    intake = RankIntake(path, on_workers=lambda r, p, w: seen.append((r, p, w)), multi_job=True)
+    intake.start()
+    try:
+        socks = []
+        for job, pid in (("train", 501), ("eval", 502)):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            s.sendall(hello(0, pid=pid, job=job) + steps(0, 0, 3))
+            s.sendall(encode({"type": "workers", "pids": [pid + 100]}))
+            socks.append(s)
+        got: dict[int, RankInfo] = {}
+        all_steps: list[StepSample] = []
+
+        def both() -> bool:
+            b = intake.drain()
+            got.update({i.slot: i for i in b.infos})
+            all_steps.extend(b.steps)
+            return len(got) == 2 and len(all_steps) == 6 and len(seen) == 2
+
+        assert wait_for(both)
+        assert sorted((i.job, i.rank, i.key) for i in got.values()) == [
+            ("eval", 0, 1),
+            ("train", 0, 0),
+        ]
+        by_key = {k: sum(1 for s in all_steps if s.rank == k) for k in got}
+        assert by_key == {0: 3, 1: 3}
+        assert sorted(seen) == [(0, 501, (601,)), (1, 502, (602,))]
+        # A rank that reconnects keeps its key (and so its totals in the agent's state).
+        socks[0].close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(hello(0, pid=503, job="train"))
+        socks.append(s)
+        again: list[RankInfo] = []
+        assert wait_for(lambda: bool(again.extend(intake.drain().infos) or again))
+        assert [(i.job, i.key, i.pid) for i in again] == [("train", 0, 503)]
+        for s in socks:
+            s.close()
+    finally:
+        intake.stop()
+
+
+def test_one_job_files_samples_by_rank(intake: RankIntake, path: str) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.sendall(hello(3, job="train") + steps(3, 0, 2))
+    got: list[RankInfo] = []
+    assert wait_for(lambda: bool(got.extend(intake.drain().infos) or got))
+    assert got[0].key is None and got[0].slot == 3
+    s.close()

@@ -475,3 +475,32 @@ def test_serve_binds_loopback_on_ephemeral_port() -> None:
         assert parse(body)[key("auditor_rank_steps_total", **r(0))] == 2
     finally:
         stop(server)
+
+
+def test_a_fleet_agent_exports_the_ranks_of_several_jobs() -> None:
+    """Rank 0 of two jobs on one node: filed under two keys, labelled with their own job and
+    rank; the node's CPU carries no job (it serves every job there)."""
+    from auditor.metrics.state import apply_batch
+    from auditor.samples import Batch
+
+    state = ExportState(job="", node=NODE)
+    infos = (
+        RankInfo(rank=0, world_size=2, host=NODE, pid=11, job="train", key=0),
+        RankInfo(rank=0, world_size=1, host=NODE, pid=12, job="eval", key=1),
+    )
+    batch = Batch(
+        infos=infos,
+        steps=(
+            StepSample(rank=0, step=0, time=1.0, step_s=0.5),
+            StepSample(rank=1, step=0, time=1.0, step_s=0.25),
+            StepSample(rank=1, step=1, time=1.5, step_s=0.25),
+        ),
+        nodes=(NodeCpu(host=NODE, time=1.0, cores=8.0, busy_cores=2.0, load1=1.0),),
+    )
+    series = parse(render_text(apply_batch(state, batch)))
+    base = {"node": NODE, "rank": "0", "local_rank": "0"}
+    assert series[key("auditor_rank_steps_total", job="train", **base)] == 1
+    assert series[key("auditor_rank_steps_total", job="eval", **base)] == 2
+    assert series[key("auditor_rank_step_seconds_total", job="eval", **base)] == 0.5
+    assert series[key("auditor_node_cpu_cores", job="", node=NODE)] == 8
+    assert not [k for k in series if dict(k[1]).get("rank") == "1"]

@@ -260,3 +260,16 @@ def test_every_query_names_catalog_metrics_and_parses(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(rules))
     out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_fleet_agents_node_cpu_counts_for_every_job_there() -> None:
+    """Node CPU exported by a fleet agent has job="": it stands for each job with ranks on that
+    node, unless the job's own endpoint exported the node."""
+    answers = two_ranks()
+    rank_answers(answers, 0, job="other", node="node-b")
+    for node, cores in ((NODE, 99), ("node-b", 32)):
+        for key, value in (("node_cores", cores), ("node_busy", 4), ("node_samples", 12)):
+            put(answers, key, {"job": "", "node": node}, value)
+    snaps = build_snapshots(answers, NOW, WINDOW)
+    assert [(n.host, n.cores) for n in snaps[JOB].nodes] == [(NODE, 16)]  # its own endpoint's
+    assert [(n.host, n.cores) for n in snaps["other"].nodes] == [("node-b", 32)]
