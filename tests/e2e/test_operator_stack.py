@@ -62,6 +62,8 @@ class Stack:
     serve_log: Path
     run: subprocess.Popen[str]
     workdir: Path
+    # A node endpoint that is listed but never answers: AuditorExporterDown must name it alone.
+    dead_target: str
 
     def serve_json(self, path: str) -> Any:
         return http_json(self.serve_url + path)
@@ -146,6 +148,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> Iterato
         )
     run_port = free_port()
     node_ports.append(run_port)
+    dead_port = free_port()  # nothing ever listens here
+    node_ports.append(dead_port)
     run = _start(
         [
             sys.executable,
@@ -225,6 +229,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> Iterato
         serve_log=serve_log,
         run=run,
         workdir=workdir,
+        dead_target=f"127.0.0.1:{dead_port}",
     )
     try:
         yield stack
@@ -380,13 +385,18 @@ def test_every_alert_expression_selects_real_series(stack: Stack) -> None:
                 missing.append(f"{rule.name}: {name}")
         # The expression itself is valid PromQL against this server (a parse error raises).
         stack.prometheus.query(rule.expr)
-    assert not stack.prometheus.query('up{job=~"auditor-nodes|auditor-serve"} == 0')
+    down = stack.prometheus.query('up{job=~"auditor-nodes|auditor-serve"} == 0')
+    assert [d["metric"]["instance"] for d in down] == [stack.dead_target]
     assert not missing, missing
     active = {a["labels"]["alertname"] for a in stack.prometheus.alerts()}
     assert {"AuditorDataStarvedRank", "AuditorCriticalFinding"} <= active
-    # Every GPU reports and nothing is down or stale: those alerts must be quiet.
-    quiet = {"AuditorExporterDown", "AuditorGpuMonitorDown", "AuditorGpuSamplesStale"}
-    assert not active & quiet, active
+    # The dead endpoint, and only it, is reported down; every GPU reports and none is stale.
+    exporter_down = [
+        a["labels"] for a in stack.prometheus.alerts()
+        if a["labels"]["alertname"] == "AuditorExporterDown"
+    ]  # fmt: skip
+    assert [a["instance"] for a in exporter_down] == [stack.dead_target]
+    assert not active & {"AuditorGpuMonitorDown", "AuditorGpuSamplesStale", "AuditorGpuLost"}
 
 
 def test_serve_reports_a_prometheus_outage_and_recovers(stack: Stack) -> None:
