@@ -32,6 +32,7 @@ resource) get their Ray node ID's first 8 characters appended to keep their seri
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -50,7 +51,17 @@ log = logging.getLogger(__name__)
 NODE_RESOURCE_PREFIX = "auditor_node:"
 # How many ports above --metrics-port-base an agent tries (several nodes may share one host).
 PORT_TRIES = 64
-_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def _is_wildcard(host: str) -> bool:
+    """An address that binds every interface (the unspecified IPv4 or IPv6 address, or none)."""
+    bare = host.strip().strip("[]")
+    if not bare:
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_unspecified
+    except ValueError:
+        return False  # a host name
 
 
 # --- Prometheus file service discovery (shared with `auditor run --sd-file`) ---------------------
@@ -60,7 +71,7 @@ def sd_target(metrics_url: str, bind_host: str, reachable_host: str) -> str:
     ``reachable_host`` (the node's IP or name). IPv6 addresses are bracketed."""
     hostport = metrics_url.split("://", 1)[-1].split("/", 1)[0]
     port = hostport.rsplit(":", 1)[1]
-    host = bind_host if bind_host not in _WILDCARD_HOSTS else reachable_host
+    host = reachable_host if _is_wildcard(bind_host) else bind_host
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{port}"
@@ -96,7 +107,7 @@ def primary_address() -> str:
             ip = str(probe.getsockname()[0])
     except OSError:
         ip = ""
-    if ip and not ip.startswith("127.") and ip != "0.0.0.0":
+    if ip and not ipaddress.ip_address(ip).is_loopback and not _is_wildcard(ip):
         return ip
     return socket.gethostname()
 
