@@ -38,7 +38,13 @@ def test_metrics_served_while_the_job_runs(ray_address: str, tmp_path: Path) -> 
             if m:
                 url = m.group(1)
             if url and "! data_starvation" in line:
-                text = urllib.request.urlopen(url, timeout=5).read().decode()
+                # The verdict reaches the agent's endpoint asynchronously (a fire-and-forget
+                # actor call after the live line): poll for it briefly.
+                for _ in range(50):
+                    text = urllib.request.urlopen(url, timeout=5).read().decode()
+                    if 'auditor_finding{' in text and 'kind="data_starvation"' in text:
+                        break
+                    time.sleep(0.2)
                 break
             assert time.monotonic() < deadline
         assert url is not None and url.startswith("http://127.0.0.1:")
