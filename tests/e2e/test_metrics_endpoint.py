@@ -42,7 +42,7 @@ def test_metrics_served_while_the_job_runs(ray_address: str, tmp_path: Path) -> 
                 # actor call after the live line): poll for it briefly.
                 for _ in range(50):
                     text = urllib.request.urlopen(url, timeout=5).read().decode()
-                    if 'auditor_finding{' in text and 'kind="data_starvation"' in text:
+                    if "auditor_finding{" in text and 'kind="data_starvation"' in text:
                         break
                     time.sleep(0.2)
                 break
