@@ -69,6 +69,9 @@ EXPECTED: list[Any] = [
         {("memory_headroom", (0, 1, 2, 3), (0, 1, 2, 3))},
         id="memory_grows_with_batch",
     ),
+    pytest.param(
+        "input_bound_4gpu", {("data_starvation", (0, 1, 2, 3), ())}, id="input_bound_4gpu"
+    ),
 ]
 
 

@@ -412,6 +412,20 @@ def memory_grows_with_batch() -> Job:
     )
 
 
+def input_bound_4gpu() -> Job:
+    # Every rank's input pipeline is too slow (its 8 workers cannot decode JPEGs fast enough):
+    # each waits ~220 ms for data in a ~410 ms step, so all four GPUs sit at ~38% busy and draw
+    # little power. Nobody is a straggler; the node is simply underused.
+    return Job(
+        name="input_bound_4gpu",
+        description="DDP, 4 ranks on 4 H100s, every rank input-bound: GPUs ~38% busy",
+        ranks=[Rank(data_wait=0.22) for _ in range(4)],
+        gpus=[Gpu(util=0.38, power=290.0, temperature=48.0) for _ in range(4)],
+        owners=[[0], [1], [2], [3]],
+        seed=19,
+    )
+
+
 SCENARIOS: dict[str, Callable[[], Job]] = {
     "balanced_4gpu": balanced_4gpu,
     "throttled_gpu": throttled_gpu,
@@ -419,6 +433,7 @@ SCENARIOS: dict[str, Callable[[], Job]] = {
     "dp_batch_30_over_4": dp_batch_30_over_4,
     "idle_allocated_gpu": idle_allocated_gpu,
     "memory_grows_with_batch": memory_grows_with_batch,
+    "input_bound_4gpu": input_bound_4gpu,
 }
 
 

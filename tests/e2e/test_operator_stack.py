@@ -1,7 +1,7 @@
 """The operator stack end to end, every part real and on 127.0.0.1.
 
 * a real ``auditor run`` of the starved example (torchrun, 2 ranks, gloo) exporting its ranks;
-* three ``auditor replay`` endpoints serving recorded GPU jobs (NVML-shaped samples with job and
+* four ``auditor replay`` endpoints serving recorded GPU jobs (NVML-shaped samples with job and
   rank ownership, since this machine has no GPU);
 * Prometheus (Debian's package) scraping them every second with the shipped recording and alert
   rules -- the alerts' ``for:`` shortened to 0 s, the one change, so the test does not wait
@@ -47,9 +47,10 @@ from .conftest import EXAMPLES, REPO, base_env
 pytestmark = pytest.mark.e2e
 
 STARVED = "starved"
-# Recorded GPU jobs served by `auditor replay`; the first two are judged against their own
-# verdict, the third brings device memory series (the others were recorded without them).
-COMPARED = ("throttled_gpu", "idle_allocated_gpu")
+# Recorded GPU jobs served by `auditor replay`; the first three are judged against their own
+# verdict (input_bound_4gpu also underuses its node), the last brings device memory series (the
+# others were recorded without them).
+COMPARED = ("throttled_gpu", "idle_allocated_gpu", "input_bound_4gpu")
 REPLAYS = (*COMPARED, "memory_grows_with_batch")
 
 
@@ -397,6 +398,18 @@ def test_every_alert_expression_selects_real_series(stack: Stack) -> None:
     ]  # fmt: skip
     assert [a["instance"] for a in exporter_down] == [stack.dead_target]
     assert not active & {"AuditorGpuMonitorDown", "AuditorGpuSamplesStale", "AuditorGpuLost"}
+    # The input-bound job's 4 GPUs average ~38% busy: its node is underused; they are equally
+    # underused, so no spread. The busy GPUs of the other jobs raise neither.
+    by_name: dict[str, set[tuple[str, str]]] = {}
+    for a in stack.prometheus.alerts():
+        labels = a["labels"]
+        by_name.setdefault(labels["alertname"], set()).add(
+            (labels.get("job", ""), labels.get("node", ""))
+        )
+    assert by_name.get("AuditorUnderusedMultiGpuNode") == {
+        ("input_bound_4gpu", "replay-input_bound_4gpu")
+    }
+    assert "AuditorGpuUtilizationSpread" not in by_name
 
 
 def test_serve_reports_a_prometheus_outage_and_recovers(stack: Stack) -> None:
