@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-PARALLEL_MODES = ("ddp", "dataparallel", "none")
+PARALLEL_MODES = ("ddp", "fsdp", "dataparallel", "none")
 
 # Phases of one training step, in the order they happen. The probe measures each; the report,
 # the metrics and the dashboards list them in this order.
@@ -107,6 +107,13 @@ class StepSample:
     mem_allocated_bytes: int | None = None
     mem_reserved_bytes: int | None = None
     mem_peak_bytes: int | None = None
+    # CPU seconds the rank's own main thread spent while it waited for this step's batches
+    # (``time.thread_time`` around the loader's ``__next__``): with ``num_workers=0`` that is the
+    # loading's cost in CPU; near zero means the wait was I/O (or workers). None: not measured.
+    data_cpu_s: float | None = None
+    # Collective wait of this step by operation (e.g. {"allreduce": 0.031, "all_gather": 0.002});
+    # the values add up to ``collective_wait_s``. None: not measured.
+    collective_ops: dict[str, float] | None = None
     # Steps this sample stands for: 1 from the probe; more when ``auditor serve`` rebuilds the
     # mean step of a scrape interval from Prometheus counters. Statistics weight by it.
     count: int = 1
@@ -121,9 +128,10 @@ class StepSample:
 
     @classmethod
     def from_row(cls, row: list[Any]) -> StepSample:
-        if len(row) != len(_WIRE_FIELDS):
+        # An older probe sends a prefix of today's fields (new ones are appended with defaults).
+        if not _MIN_WIRE_FIELDS <= len(row) <= len(_WIRE_FIELDS):
             raise ValueError(f"step row has {len(row)} fields, expected {len(_WIRE_FIELDS)}")
-        return cls(**dict(zip(_WIRE_FIELDS, row, strict=True)))
+        return cls(**dict(zip(_WIRE_FIELDS, row, strict=False)))
 
     @property
     def compute_s(self) -> float:
@@ -134,6 +142,8 @@ class StepSample:
 
 # ``count`` stays off the wire: a rank always sends single steps.
 _WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample) if f.name != "count")
+# Rows from a probe that predates ``data_cpu_s`` end at ``mem_peak_bytes``.
+_MIN_WIRE_FIELDS = _WIRE_FIELDS.index("mem_peak_bytes") + 1
 
 
 @dataclass(frozen=True)

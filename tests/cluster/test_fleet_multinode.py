@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.metrics import catalog as C
 from tests.cluster.gpus import gpu_uuid, write_gpus
+from tests.tmproot import ray_temp_dir
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -101,8 +101,7 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    temp = tempfile.mkdtemp(prefix="aud-fl-", dir="/tmp")  # Unix socket paths stay short
+    temp = ray_temp_dir("fl-")
     data = tmp_path_factory.mktemp("fleet")
     spec = write_gpus(data / "gpus.jsonl", GPUS, seconds=5)
     cluster = Cluster(initialize_head=True, head_node_args=node_args(temp, "node-a"))

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.tmproot import ray_temp_dir
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -34,8 +35,7 @@ def ray_address() -> Iterator[str]:
     """One Ray head for the session (start-up costs seconds and about 1 GiB): every run joins it
     with --address. Its temp dir is short (Unix socket paths are limited to 107 bytes)."""
     ray = pytest.importorskip("ray")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    temp = tempfile.mkdtemp(prefix="aud-ray-")
+    temp = ray_temp_dir("head-")
     ray.init(
         num_cpus=1,
         include_dashboard=False,
