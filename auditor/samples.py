@@ -10,7 +10,7 @@ durations themselves come from monotonic clocks). ``None`` means "not measured",
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 PARALLEL_MODES = ("ddp", "fsdp", "dataparallel", "none")
@@ -87,9 +87,30 @@ class RankInfo:
 class StepSample:
     """One training step of one rank: the time between two optimizer steps, split by phase.
 
-    ``collective_wait_s`` is the time the rank waited for its peers at the gradient all-reduce
-    after finishing its own backward work (from the DDP communication hook); it is included in
-    ``backward_s``, which is wall time. ``None`` where it could not be measured.
+    The phases are exclusive: every instant of the step is booked to at most one of
+    ``data_wait_s``, ``h2d_s``, ``forward_s``, ``backward_s``, ``optimizer_s`` and
+    ``collective_wait_s``, whatever the framework nests in what (the innermost phase takes the
+    time: a forward run inside ``optimizer.step(closure)`` is forward, not optimizer; the wait
+    inside a collective called from forward or backward is collective wait, not forward or
+    backward). They add up to at most ``step_s``; the rest, time in no measured phase (the loop's
+    own Python, logging, framework bookkeeping), is :attr:`other_s`.
+
+    * ``h2d_s``: the batch's copy to the device (``Tensor.to``/``.cuda``/``.pin_memory`` on the
+      training thread between the batch's arrival and the step's first forward); about zero on
+      a CPU job.
+    * ``backward_s``: backward's own work, activation checkpointing's recompute included, the
+      collective wait inside it excluded (except where the DDP gradient all-reduce could not be
+      timed: ``collective_wait_s`` is then None and that wait stays inside ``backward_s``).
+    * ``collective_wait_s``: the time the rank waited in collectives: the DDP gradient
+      all-reduce (from the communication hook: last bucket ready to last all-reduce done) and
+      every ``torch.distributed`` collective the script or its framework called (a synchronous
+      call whole, an asynchronous one's ``Work.wait()``), by operation in ``collective_ops``.
+      ``None`` where it could not be measured (no collective seen in the step, or a DDP builtin
+      comm hook the probe cannot time).
+
+    Recordings before ``auditor.recording/v2`` and probes that predate ``data_cpu_s`` counted the
+    collective wait inside ``backward_s``; readers convert them (:meth:`from_row`,
+    ``telemetry.recorded``).
     """
 
     rank: int
@@ -131,13 +152,30 @@ class StepSample:
         # An older probe sends a prefix of today's fields (new ones are appended with defaults).
         if not _MIN_WIRE_FIELDS <= len(row) <= len(_WIRE_FIELDS):
             raise ValueError(f"step row has {len(row)} fields, expected {len(_WIRE_FIELDS)}")
-        return cls(**dict(zip(_WIRE_FIELDS, row, strict=False)))
+        sample = cls(**dict(zip(_WIRE_FIELDS, row, strict=False)))
+        if len(row) == _MIN_WIRE_FIELDS:
+            return sample.with_wait_out_of_backward()
+        return sample
+
+    def with_wait_out_of_backward(self) -> StepSample:
+        """This sample from an older probe or recording, whose ``backward_s`` included the
+        collective wait, in today's exclusive form."""
+        if not self.collective_wait_s:
+            return self
+        return replace(self, backward_s=max(0.0, self.backward_s - self.collective_wait_s))
 
     @property
     def compute_s(self) -> float:
-        """Local work apart from data: h2d, forward, backward minus the wait, optimizer."""
-        wait = self.collective_wait_s or 0.0
-        return self.h2d_s + self.forward_s + max(0.0, self.backward_s - wait) + self.optimizer_s
+        """Local work apart from data: h2d, forward, backward (its wait excluded), optimizer."""
+        return self.h2d_s + self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def other_s(self) -> float:
+        """Step time in no measured phase: the loop's own Python, logging, framework
+        bookkeeping (and, where ``collective_wait_s`` is None, the waits in collectives the
+        script called itself)."""
+        booked = self.data_wait_s + self.compute_s + (self.collective_wait_s or 0.0)
+        return max(0.0, self.step_s - booked)
 
 
 # ``count`` stays off the wire: a rank always sends single steps.
@@ -259,9 +297,87 @@ class Batch:
     devices: tuple[DeviceSample, ...] = ()
     # Ranks whose connection closed: the rank process ended (normally or not).
     ended: tuple[int, ...] = field(default_factory=tuple)
+    # Memory budgets the ranks measured (sent when they change; the latest per rank counts).
+    memory: tuple[MemoryBudget, ...] = ()
+    # Of ``ended``: ranks whose connection closed without the probe's goodbye (killed, crashed
+    # hard): the rank died.
+    died: tuple[int, ...] = ()
 
 
 def _from_dict(cls: Any, d: dict[str, Any]) -> Any:
     """Build a dataclass from a dict, ignoring unknown keys (newer senders may add fields)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What one rank's training holds, measured from its tensors (``auditor.probe.memory``).
+
+    memory = the fixed part (parameters + gradients + optimizer state + buffers) + batch x
+    activations per sample. Bytes of unique storages (shared parameters and views count once);
+    FSDP: this rank's shards; DataParallel: ``per_device`` adds the parameters' replica on each
+    other device. ``optimizer_bytes_by_kind`` is keyed by the optimizer's state names
+    (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``, ...). Activations are the
+    bytes autograd saved for backward in one sampled forward (every ``activations_every``-th
+    step) of a batch of ``activation_batch``; None until one was sampled. ``other_module_bytes``:
+    parameters and buffers of modules outside the model (an EMA or evaluation copy).
+    ``device_total_bytes``: the GPU's total (None on CPU); the host's figures are the whole
+    host's, shared by ``local_ranks`` ranks.
+    """
+
+    rank: int
+    time: float
+    step: int
+    device: str = "cpu"
+    param_count: int = 0
+    param_numel: int = 0
+    param_bytes: int = 0
+    param_bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    grad_bytes: int = 0
+    optimizer_bytes: int = 0
+    optimizer_bytes_by_kind: dict[str, int] = field(default_factory=dict)
+    optimizer: str = ""
+    buffer_bytes: int = 0
+    per_device: dict[str, int] = field(default_factory=dict)
+    sharded: bool = False
+    replicas: int = 0
+    other_module_bytes: int = 0
+    activation_bytes: int | None = None
+    activation_batch: int | None = None
+    activation_step: int | None = None
+    activations_every: int | None = None
+    device_total_bytes: int | None = None
+    host_total_bytes: int | None = None
+    host_available_bytes: int | None = None
+    local_ranks: int = 1
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Parameters, gradients, optimizer state and buffers: what does not grow with the
+        batch (extra module copies apart)."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.buffer_bytes
+
+    @property
+    def activations_per_sample(self) -> float | None:
+        if self.activation_bytes is None or not self.activation_batch:
+            return None
+        return self.activation_bytes / self.activation_batch
+
+    def parts(self) -> dict[str, int | None]:
+        """The budget by part, as the metric catalog's ``part`` label names them."""
+        return {
+            "parameters": self.param_bytes,
+            "gradients": self.grad_bytes,
+            "optimizer_state": self.optimizer_bytes,
+            "buffers": self.buffer_bytes,
+            "other_modules": self.other_module_bytes,
+            "activations": self.activation_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MemoryBudget:
+        return _from_dict(cls, d)

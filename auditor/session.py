@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any, TextIO
 
-from auditor.analysis import SampleStore, analyze
-from auditor.analysis.findings import Finding
-from auditor.analysis.snapshot import WARMUP_STEPS
+from auditor.audit import Audit
 from auditor.cluster.fleet import primary_address, remove_sd_file, sd_target, write_sd_file
+from auditor.cluster.jobview import JobViewClient, job_key, label_batch
 from auditor.cluster.launcher import (
     Child,
     LaunchError,
@@ -34,8 +33,9 @@ from auditor.cluster.launcher import (
 )
 from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_address, start_agent
 from auditor.config import RunConfig
-from auditor.report.json_report import build_report, write_report
-from auditor.report.terminal import render_live, render_verdict
+from auditor.liveview import LiveView, open_view
+from auditor.report.json_report import write_report
+from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import RecordingWriter
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe", "boot")
@@ -91,11 +91,30 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     if not cfg.no_ray:
         check_address(cfg.address)
     job = cfg.job_name
+    base_env = env if env is not None else os.environ
+    # The node's name, where its hostname does not tell nodes apart (two Ray nodes on one
+    # machine, or clones with one hostname): the Ray node (auditor_node:<name> resource or Ray
+    # node name) the agent runs on, and the label of this node's ranks.
+    node_label = base_env.get("AUDITOR_NODE") or None
+    key = job_key(cfg.job, cfg.command, base_env) if cfg.address and not cfg.no_ray else None
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
     become_subreaper()
+    # On a terminal the live panel stays under the job's output, relayed through a pty.
+    view = open_view(
+        out,
+        command=cfg.command,
+        job=job,
+        window_s=cfg.window,
+        quiet=cfg.quiet,
+        interval_s=cfg.live_interval,
+        started=time.time(),
+    )
+    out = view.out
     child = Child(
-        cfg.command, probe_env(env if env is not None else os.environ, sink=sink, job=job)
+        cfg.command,
+        probe_env(base_env, sink=sink, job=job),
+        output=view.child_fd,
     )
     signals = _Signals(child)
     signals.install()
@@ -107,10 +126,21 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         if cfg.record
         else None
     )
-    store = SampleStore(job, on_add=recorder.write if recorder else None, warmup_steps=WARMUP_STEPS)
-    findings: list[Finding] = []
+    audit = Audit(
+        job,
+        window_s=cfg.window,
+        overrides=cfg.overrides,
+        on_add=recorder.write if recorder else None,
+    )
+    link = _Link(audit, notes, out)
     try:
         child.start()
+        view.child_started()
+        view.stage(
+            "starting the node agent"
+            if cfg.no_ray
+            else (f"joining Ray at {cfg.address}" if cfg.address else "starting Ray")
+        )
         try:
             agent, note = start_agent(
                 use_ray=not cfg.no_ray,
@@ -122,6 +152,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
                 sink_path=sink,
                 metrics_host=cfg.metrics_host,
                 metrics_port=cfg.metrics_port,
+                host=node_label,
             )
             if note:
                 notes.append(note)
@@ -144,19 +175,23 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
                     sink_path=sink,
                     metrics_host=cfg.metrics_host,
                     metrics_port=cfg.metrics_port,
+                    host=node_label,
                 )
             except Exception as again:
                 note = f"no node agent ({exc}; in-process: {again}): the job ran unaudited"
             notes.append(note)
             print(f"auditor: {note}", file=out)
         signals.install()  # again: ray.init installed its own SIGTERM handler over ours
+        view.stage(None)
         if cfg.sd_file and agent is not None:
             _list_endpoint(cfg.sd_file, cfg.metrics_host, agent, job, notes, out)
-        findings = _live_loop(cfg, child, agent, store, started, out)
+        if agent is not None:
+            link.start(agent, key, node_label)
+        _live_loop(cfg, child, link, out, view)
         code = child.wait()
         if signals.interrupted and code is None:
             code = child.stop(cfg.grace)
-        _final_drain(agent, store)
+        _final_drain(link)
     except LaunchError:
         raise
     finally:
@@ -170,22 +205,21 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         signals.restore()
         if child.poll() is None and child.proc is not None:
             child.stop(cfg.grace)
+        view.close()  # the job's last output relayed, the panel cleared: the verdict follows
     final_code = child.poll()
     exit_code = exit_code_of(final_code if final_code is not None else 1)
+    link.finish(exit_code)
+    if final_code is not None and child.proc is not None:
+        audit.set_exit_status(child.pid, exit_code)  # the rank was the command itself
     duration = time.time() - started
-    now = store.latest_time() or time.time()
-    final = analyze(store.snapshot(now, None), cfg.overrides) if store.ranks else findings
-    if not store.ranks:
+    if not audit.store.ranks:
         notes.append(
             "no training step was measured (the job ended early or the probe did not attach)"
         )
-    report = build_report(
+    report = audit.report(
         command=cfg.command,
         exit_code=exit_code,
         duration_s=duration,
-        snapshot=store.snapshot(now, None),
-        findings=final,
-        job=job,
         notes=notes,
         interrupted=signals.interrupted,
     )
@@ -196,7 +230,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             try:
                 from auditor.report.html import write_html_for_run
 
-                write_html_for_run(cfg.html, report, store)
+                write_html_for_run(cfg.html, report, audit.store)
             except Exception as exc:  # the verdict and the JSON report matter more
                 print(f"auditor: could not write the HTML report: {exc}", file=out)
     finally:
@@ -236,48 +270,120 @@ def _list_endpoint(
     print(f"auditor: Prometheus target {target} listed in {path}", file=out)
 
 
+class _Link:
+    """Where this run's batches come from and go: this node's agent, and for a job that spans
+    nodes the job view (every other node's batches in, this node's out)."""
+
+    def __init__(self, audit: Audit, notes: list[str], out: TextIO) -> None:
+        self.audit = audit
+        self.notes = notes
+        self.out = out
+        self.agent: AgentHandle | None = None
+        self.view: JobViewClient | None = None
+        self.node: str | None = None
+        self.judged = 0.0  # monotonic time of the last verdict
+        self._view_failed = False
+
+    def start(self, agent: AgentHandle, key: str | None, node: str | None) -> None:
+        self.agent = agent
+        ray_node_id = getattr(agent, "ray_node_id", None)
+        if key is None or ray_node_id is None:
+            return  # one node (or no Ray): nothing to join
+        self.node = str(agent.address().get("node") or node or socket.gethostname())
+        try:
+            self.view = JobViewClient(key, self.node, ray_node_id=str(ray_node_id))
+            print(f"auditor: node {self.node} joined the job view {self.view.name}", file=self.out)
+        except Exception as exc:
+            self._note_view(exc)
+
+    def _note_view(self, exc: BaseException) -> None:
+        self.view = None
+        if not self._view_failed:
+            self._view_failed = True
+            note = f"job view unreachable ({type(exc).__name__}: {exc}): this node judged alone"
+            self.notes.append(note)
+            print(f"auditor: {note}", file=self.out)
+
+    def step(self) -> None:
+        """One exchange: this node's new batch in (and out to the view), the others' in.
+        Raises when the agent cannot be reached."""
+        if self.agent is None:
+            return
+        batch = self.agent.drain()
+        if self.node is not None:
+            batch = label_batch(batch, self.node)
+        self.audit.add(batch)
+        if self.view is not None:
+            try:
+                self.view.push(batch)
+                self.audit.add_all(self.view.pull())
+                self.audit.nodes = self.view.nodes
+            except Exception as exc:
+                self._note_view(exc)
+
+    def finish(self, exit_code: int) -> None:
+        if self.view is None:
+            return
+        try:
+            self.audit.add_all(self.view.finish(exit_code, wait_s=FINAL_WAIT_S))
+            self.audit.nodes = self.view.nodes
+        except Exception as exc:
+            self._note_view(exc)
+
+
+# At the end of the job: how long a node waits for the other nodes' last samples.
+FINAL_WAIT_S = 5.0
+# A job across nodes: seconds between exchanges with the job view (this node's agent drained
+# and pushed, the others' batches pulled); the verdict is still judged every live interval.
+EXCHANGE_S = 0.25
+
+
 def _live_loop(
     cfg: RunConfig,
     child: Child,
-    agent: AgentHandle | None,
-    store: SampleStore,
-    started: float,
+    link: _Link,
     out: TextIO,
-) -> list[Finding]:
-    findings: list[Finding] = []
+    view: LiveView,
+) -> None:
     interval = cfg.live_interval if cfg.live_interval > 0 else 1.0
-    while child.wait(interval) is None:
-        if agent is None:
+    audit = link.audit
+    while child.wait(interval if link.view is None else min(interval, EXCHANGE_S)) is None:
+        if link.agent is None:
             continue
         try:
-            store.add(agent.drain())
+            link.step()
         except Exception as exc:
             print(f"auditor: node agent unreachable: {exc}", file=out)
             continue
-        if not store.ranks:
+        if link.view is not None:
+            # Several exchanges per verdict: another node's samples reach this one within a
+            # fraction of a second of its own drain, not up to a whole interval later.
+            if time.monotonic() - link.judged < interval - EXCHANGE_S / 2:
+                continue
+            link.judged = time.monotonic()
+        if not audit.store.ranks:
+            view.update(None, ())  # still waiting for the first rank
             continue
-        snap = store.snapshot(time.time(), cfg.window)
-        findings = analyze(snap, cfg.overrides)
+        snap, findings = audit.judge(time.time())
         if cfg.metrics_port is not None:
-            agent.set_findings([f.to_dict() for f in findings])
-        if not cfg.quiet and cfg.live_interval > 0:
-            print(
-                render_live(snap, findings, elapsed_s=time.time() - started), file=out, flush=True
-            )
-    return findings
+            link.agent.set_findings([f.to_dict() for f in findings])
+        view.update(snap, findings)
 
 
-def _final_drain(agent: AgentHandle | None, store: SampleStore, timeout_s: float = 3.0) -> None:
+def _final_drain(link: _Link, timeout_s: float = 3.0) -> None:
     """After the job ended: collect the ranks' last flushes (they close their sockets at exit)."""
-    if agent is None:
+    if link.agent is None:
         return
+    store = link.audit.store
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            store.add(agent.drain())
+            link.step()
         except Exception:
             return
-        if set(store.ranks) <= store.ended or time.monotonic() >= deadline:
+        # This node's ranks: the other nodes' ranks are theirs to wait for.
+        local = {r for r, i in store.infos.items() if link.node is None or i.host == link.node}
+        if local <= store.ended or time.monotonic() >= deadline:
             return
         time.sleep(0.2)
 

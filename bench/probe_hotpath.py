@@ -7,7 +7,10 @@ about 0.3 ms a step) with and without the probe, in alternating pairs of subproc
 difference of the per-step medians is the probe's cost in microseconds; divided by a real step
 time (the example job's, measured by probe_overhead.py) it gives the overhead share.
 
-    python bench/probe_hotpath.py [--pairs 7] [--steps 20000]
+With ``--collective`` both arms also run a one-rank gloo process group and all-reduce the loss
+every step (the probe then times that collective: its wrapper's cost is in the figure).
+
+    python bench/probe_hotpath.py [--pairs 7] [--steps 20000] [--collective]
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 torch.set_num_threads(1)
 steps = int(sys.argv[1])
+collective = sys.argv[2] == "1"
+if collective:
+    import tempfile
+    import torch.distributed as dist
+    init = "file://" + tempfile.mktemp(prefix="aud-hot-pg-")
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
 model = nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = DataLoader(TensorDataset(torch.randn(steps, 8), torch.randint(0, 2, (steps,))), batch_size=1)
@@ -41,7 +50,10 @@ cpu0 = time.process_time()
 last = time.perf_counter()
 for x, y in data:
     opt.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    if collective:
+        dist.all_reduce(loss.detach())
     opt.step()
     now = time.perf_counter()
     times.append(now - last)
@@ -52,10 +64,10 @@ print(f"cpu_us={cpu * 1e6:.3f} median_us={times[len(times) // 2] * 1e6:.3f}")
 """
 
 
-def run_loop(steps: int, env: dict[str, str]) -> tuple[float, float]:
+def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple[float, float]:
     """(CPU time per step, median wall time per step), in microseconds."""
     out = subprocess.run(
-        [sys.executable, "-c", LOOP, str(steps)],
+        [sys.executable, "-c", LOOP, str(steps), "1" if collective else "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -72,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=None,
                    help="real step time to express the cost against (default: from "
                         "bench/results/probe_overhead.json, else 28 ms)")  # fmt: skip
+    p.add_argument("--collective", action="store_true",
+                   help="all-reduce the loss every step in a one-rank gloo group")  # fmt: skip
     args = p.parse_args(argv)
     base = dict(os.environ)
     base.pop("AUDITOR_PROBE", None)
@@ -83,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = []
     try:
         for i in range(args.pairs):
-            plain_cpu, plain = run_loop(args.steps, base)
-            probe_cpu, with_probe = run_loop(args.steps, probed)
+            plain_cpu, plain = run_loop(args.steps, base, args.collective)
+            probe_cpu, with_probe = run_loop(args.steps, probed, args.collective)
             received = len(intake.drain().steps)
             pairs.append({"plain_us": plain, "probe_us": with_probe, "plain_cpu_us": plain_cpu,
                           "probe_cpu_us": probe_cpu, "samples": received})  # fmt: skip
@@ -104,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         "reference_step_ms": step_ms,
         "overhead_pct_at_reference_step": round(100 * cost / (step_ms * 1e3), 4),
         "goal_pct": 0.5,
+        "collective_per_step": args.collective,
         "samples_all_received": all(q["samples"] >= args.steps - 200 for q in pairs),
     }
-    c.write_result("probe_hotpath", {"summary": summary, "runs": pairs})
+    name = "probe_hotpath_collective" if args.collective else "probe_hotpath"
+    c.write_result(name, {"summary": summary, "runs": pairs})
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -20,7 +20,12 @@ fi
 
 # torch first and pinned: the local CPU build, never the CUDA wheels an unpinned torch pulls.
 python3 -m pip install -q torch==2.13.0 numpy
-python3 -m pip install -q -e ".[dev]"
+# The framework packages the e2e tests drive (Lightning, transformers, accelerate, Ray Train),
+# with torch held at that build: none of them may swap it for another torch.
+pins="$(mktemp)"
+echo "torch==2.13.0" >"$pins"
+python3 -m pip install -q -c "$pins" -e ".[dev,frameworks]"
+rm -f "$pins"
 
 # Tests run their own private local Ray; Ray 2.60's token auth is for shared clusters.
 export RAY_AUTH_MODE=disabled

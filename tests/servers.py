@@ -12,15 +12,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from tests.helpers.waiting import wait_for_service
 
 T = TypeVar("T")
 
@@ -55,22 +55,6 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str, every: float = 0.5) -> T:
-    """Polls ``probe`` until it returns something truthy; fails naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except Exception as exc:  # a server still starting answers with errors
-            last = exc
-            value = None
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last})")
-
-
 class Server:
     """One server process with a readiness URL."""
 
@@ -83,7 +67,7 @@ class Server:
     def start(self, timeout: float = 60.0) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
-        wait_for(
+        wait_for_service(
             lambda: self._alive() and http_status(self.ready_url) == 200,
             timeout=timeout,
             what=f"{self.argv[0]} ready at {self.ready_url} (log: {self.log})",

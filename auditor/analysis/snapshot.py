@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import (
+    Batch,
+    DeviceSample,
+    MemoryBudget,
+    NodeCpu,
+    ProcessCpu,
+    RankInfo,
+    StepSample,
+)
 
 from .stats import RankStats, rank_stats
 
@@ -30,6 +38,8 @@ class RankView:
     steps: tuple[StepSample, ...]
     cpu: tuple[ProcessCpu, ...] = ()
     ended: bool = False
+    # The latest memory budget the rank measured (any time up to the window's end), if any.
+    memory: MemoryBudget | None = None
 
     @property
     def step_count(self) -> int:
@@ -68,7 +78,7 @@ class Snapshot:
     @property
     def parallel_mode(self) -> str:
         modes = {v.info.parallel_mode for v in self.ranks}
-        for mode in ("ddp", "dataparallel"):
+        for mode in ("ddp", "fsdp", "dataparallel"):
             if mode in modes:
                 return mode
         return "none"
@@ -135,6 +145,7 @@ class SampleStore:
         self._devices: dict[str, deque[DeviceSample]] = {}
         self._ended: set[int] = set()
         self._total: dict[int, int] = {}
+        self._memory: dict[int, list[MemoryBudget]] = {}
         self._max_steps = max_steps_per_rank
         self._max_cpu = max_cpu_per_rank
 
@@ -150,6 +161,12 @@ class SampleStore:
         for d in batch.devices:
             self._devices.setdefault(d.uuid, deque(maxlen=self._max_cpu)).append(d)
         self._ended.update(batch.ended)
+        for m in batch.memory:
+            # A budget is sent only when it changes: the few per rank are all kept.
+            kept = self._memory.setdefault(m.rank, [])
+            kept.append(m)
+            kept.sort(key=lambda b: b.time)
+            del kept[: -self._max_cpu]
         if self._on_add is not None:
             self._on_add(batch)
 
@@ -197,7 +214,16 @@ class SampleStore:
                 s for s in self._steps.get(rank, ()) if keep(s.time) and s.step >= self.warmup_steps
             )
             cpu = tuple(c for c in self._cpu.get(rank, ()) if keep(c.time))
-            views.append(RankView(info=info, steps=steps, cpu=cpu, ended=rank in self._ended))
+            budgets = [m for m in self._memory.get(rank, ()) if m.time <= now]
+            views.append(
+                RankView(
+                    info=info,
+                    steps=steps,
+                    cpu=cpu,
+                    ended=rank in self._ended,
+                    memory=budgets[-1] if budgets else None,
+                )
+            )
         nodes = tuple(n for n in self._nodes if keep(n.time))
         devices = tuple(d for q in self._devices.values() for d in q if keep(d.time))
         first = self.first_time()

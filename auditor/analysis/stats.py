@@ -11,8 +11,8 @@ an evaluation) counts like a few slow steps and never decides alone.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from auditor.samples import LoaderConfig, StepSample
@@ -37,7 +37,8 @@ class RankStats:
     optimizer_s: float
     # Median wait at the gradient all-reduce; None where the probe could not measure it.
     collective_wait_s: float | None
-    # Local work apart from data: h2d + forward + (backward - wait) + optimizer.
+    # Local work apart from data and waits: h2d + forward + backward + optimizer (exclusive
+    # phases; read through StepSample.compute_s, so older recordings convert alike).
     compute_s: float
     batch_size: float | None
     main_cpu: float | None
@@ -47,6 +48,16 @@ class RankStats:
     rss_bytes: float | None
     mem_allocated_bytes: float | None
     mem_peak_bytes: float | None
+    # CPU seconds the main thread spent during the data wait (median per step; None: not
+    # measured). With num_workers=0 this is the loading's CPU cost per batch.
+    data_cpu_s: float | None = None
+    # Median collective wait per step by operation (an op absent from a step counts 0 there);
+    # None where no step reported its operations.
+    collective_ops: Mapping[str, float] | None = field(default=None, compare=False)
+    # Mean RSS of the rank's DataLoader workers together (node agent, psutil; shared pages
+    # counted in each), and of its main process; None where never sampled.
+    worker_rss_bytes: float | None = None
+    main_rss_bytes: float | None = None
 
     @property
     def local_s(self) -> float:
@@ -86,6 +97,19 @@ class RankStats:
         if self.worker_cpu is None or self.workers <= 0:
             return None
         return self.worker_cpu / self.workers
+
+    @property
+    def worker_rss_each(self) -> float | None:
+        """Mean RSS of one DataLoader worker (an upper bound: shared pages count in each)."""
+        if self.worker_rss_bytes is None or self.workers <= 0:
+            return None
+        return self.worker_rss_bytes / self.workers
+
+    def collective_ops_text(self) -> str:
+        """The operations the rank waited in, largest first (``"all_gather/ddp_allreduce"``);
+        empty where none was reported."""
+        ops = sorted((self.collective_ops or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        return "/".join(name for name, wait in ops if wait > 0)
 
 
 def median(values: Sequence[float]) -> float:
@@ -129,6 +153,21 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
     return float(statistics.median(present)) if present else None
 
 
+def _ops_median(steps: Sequence[StepSample], cap: float) -> dict[str, float] | None:
+    """Per-operation weighted median wait over the steps that reported their operations."""
+    rows = [s for s in steps if s.collective_ops is not None]
+    if not rows:
+        return None
+    names = sorted({name for s in rows for name in s.collective_ops or {}})
+    weights = [min(s.step_s, cap) * s.count if len(rows) > 1 else 1.0 for s in rows]
+    return {
+        name: weighted_median(
+            [float((s.collective_ops or {}).get(name, 0.0)) for s in rows], weights
+        )
+        for name in names
+    }
+
+
 def rank_stats(view: RankView) -> RankStats:
     steps = view.steps
     cap = (
@@ -139,6 +178,8 @@ def rank_stats(view: RankView) -> RankStats:
     cpu = view.cpu
     main = [c.main_cpu for c in cpu if c.main_cpu is not None]
     workers = [c.worker_cpu_total for c in cpu if c.workers]
+    worker_rss = [c.worker_rss_bytes for c in cpu if c.workers and c.worker_rss_bytes is not None]
+    main_rss = [c.rss_bytes for c in cpu if c.rss_bytes is not None]
     return RankStats(
         rank=view.info.rank,
         host=view.info.host,
@@ -161,4 +202,8 @@ def rank_stats(view: RankView) -> RankStats:
         rss_bytes=median_or_none([s.rss_bytes for s in steps]),
         mem_allocated_bytes=median_or_none([s.mem_allocated_bytes for s in steps]),
         mem_peak_bytes=median_or_none([s.mem_peak_bytes for s in steps]),
+        data_cpu_s=_wmed(steps, "data_cpu_s", cap),
+        collective_ops=_ops_median(steps, cap),
+        worker_rss_bytes=statistics.fmean(worker_rss) if worker_rss else None,
+        main_rss_bytes=statistics.fmean(main_rss) if main_rss else None,
     )

@@ -240,6 +240,8 @@ class NodeAgentCore:
             nodes=tuple(nodes),
             devices=tuple(devices),
             ended=tuple(sorted({r for b in queued for r in b.ended})),
+            memory=tuple(m for b in queued for m in b.memory),
+            died=tuple(sorted({r for b in queued for r in b.died})),
         )
 
     def set_findings(self, findings: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from auditor.samples import Batch, RankInfo, StepSample
+from auditor.samples import Batch, MemoryBudget, RankInfo, StepSample
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class _Conn:
     buf: bytes = b""
     rank: int | None = None  # the key its samples are filed under (the rank, or a job's key)
     pid: int | None = None
+    bye: bool = False  # the probe said goodbye: its rank ends normally
 
 
 @dataclass
@@ -39,6 +40,8 @@ class IntakeDelta:
     infos: dict[int, RankInfo] = field(default_factory=dict)
     steps: list[StepSample] = field(default_factory=list)
     ended: set[int] = field(default_factory=set)
+    died: set[int] = field(default_factory=set)
+    memory: list[MemoryBudget] = field(default_factory=list)
 
 
 class RankIntake:
@@ -101,7 +104,11 @@ class RankIntake:
         with self._lock:
             d, self._delta = self._delta, IntakeDelta()
         return Batch(
-            infos=tuple(d.infos.values()), steps=tuple(d.steps), ended=tuple(sorted(d.ended))
+            infos=tuple(d.infos.values()),
+            steps=tuple(d.steps),
+            ended=tuple(sorted(d.ended)),
+            memory=tuple(d.memory),
+            died=tuple(sorted(d.died)),
         )
 
     def _run(self) -> None:
@@ -139,6 +146,10 @@ class RankIntake:
             if state.rank is not None:
                 with self._lock:
                     self._delta.ended.add(state.rank)
+                    if not state.bye:
+                        # End of file without the probe's goodbye: the rank was killed or
+                        # crashed past Python's exit handlers (SIGKILL, OOM killer, abort).
+                        self._delta.died.add(state.rank)
             return
         state.buf += chunk
         *lines, state.buf = state.buf.split(b"\n")
@@ -169,17 +180,24 @@ class RankIntake:
                 with self._lock:
                     self._delta.infos[key] = info
                     self._delta.ended.discard(key)
+                    self._delta.died.discard(key)
             elif kind == "steps":
                 steps = [StepSample.from_row(row) for row in msg["rows"]]
                 if self.multi_job and state.rank is not None:
                     steps = [dataclasses.replace(s, rank=state.rank) for s in steps]
                 with self._lock:
                     self._delta.steps.extend(steps)
+            elif kind == "memory":
+                budget = MemoryBudget.from_dict(msg["budget"])
+                if self.multi_job and state.rank is not None:
+                    budget = dataclasses.replace(budget, rank=state.rank)
+                with self._lock:
+                    self._delta.memory.append(budget)
             elif kind == "workers":
                 if self._on_workers and state.rank is not None and state.pid is not None:
                     self._on_workers(state.rank, state.pid, tuple(int(p) for p in msg["pids"]))
             elif kind == "bye":
-                pass
+                state.bye = True
             else:
                 raise ValueError(f"unknown message type {kind!r}")
         except (ValueError, KeyError, TypeError) as exc:

@@ -5,7 +5,8 @@
 * The auditor makes itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): ranks that
   torchrun started in sessions of their own, and DataLoader workers, are re-parented to the
   auditor if their parent dies, so :func:`reap_descendants` can find and end them at exit.
-* stdout and stderr are inherited: the job's output passes through byte for byte.
+* stdout and stderr are inherited (the job's output passes through byte for byte), or both go
+  to ``output``: on a terminal, the live view's pty (:mod:`auditor.cluster.relay`).
 """
 
 from __future__ import annotations
@@ -61,14 +62,23 @@ def exit_code_of(returncode: int) -> int:
 class Child:
     """One launched command and its process group."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self, command: Sequence[str], env: Mapping[str, str], *, output: int | None = None
+    ) -> None:
         self.command = list(command)
         self.env = dict(env)
+        self.output = output
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         try:
-            self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command,
+                env=self.env,
+                start_new_session=True,
+                stdout=self.output,
+                stderr=self.output,
+            )
         except OSError as exc:
             raise LaunchError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from None
 

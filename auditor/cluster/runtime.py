@@ -124,10 +124,16 @@ class RayAgent:
         from .fleet import this_node_name
 
         node_id = ray.get_runtime_context().get_node_id()
-        # The node's auditor name (its auditor_node:<name> resource, else the hostname): the
-        # node label, and the node whose samples a recorded device source replays.
-        if not agent_kwargs.get("host"):
+        if agent_kwargs.get("host"):
+            # A node named by the user (AUDITOR_NODE): the Ray node of that auditor name or
+            # Ray node name. Two nodes on one machine share a hostname; the driver may have
+            # attached to either raylet, the agent must run on the one named.
+            node_id = ray_node_named(str(agent_kwargs["host"])) or node_id
+        else:
+            # The node's auditor name (its auditor_node:<name> resource, else the hostname):
+            # the node label, and the node whose samples a recorded device source replays.
             agent_kwargs["host"] = this_node_name()
+        self.ray_node_id = node_id
         node = str(agent_kwargs["host"])
         actor_cls = ray_actor_class()
         self._actor = actor_cls.options(
@@ -166,6 +172,19 @@ class RayAgent:
                 pass
         if ray.is_initialized():
             ray.shutdown()
+
+
+def ray_node_named(name: str) -> str | None:
+    """The id of the alive Ray node whose auditor name (``auditor_node:<name>`` resource) or
+    Ray node name is ``name``; None when there is none."""
+    import ray
+
+    from .fleet import node_name
+
+    for entry in ray.nodes():
+        if entry.get("Alive") and name in (node_name(entry), entry.get("NodeName")):
+            return str(entry["NodeID"])
+    return None
 
 
 def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:

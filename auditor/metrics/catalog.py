@@ -26,6 +26,16 @@ PREFIX = "auditor_"
 # dashboards and alert rules a fixed list to iterate over.
 MEMORY_KINDS = ("rss", "allocated", "reserved", "peak")
 CPU_PROCESSES = ("main", "workers")
+# Parts of a rank's measured memory budget (``auditor.probe.memory``): the fixed part's terms,
+# modules outside the model (an EMA or eval copy) and one sampled step's activations.
+MEMORY_PARTS = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "buffers",
+    "other_modules",
+    "activations",
+)
 # NVML clock-event (throttle) reasons as ``auditor.telemetry.nvml`` decodes them, plus "other" for
 # a name outside this list (a newer driver, a recording): the series count per GPU stays bounded.
 THROTTLE_REASONS = (
@@ -46,6 +56,7 @@ THROTTLE_REASONS = (
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "phase": PHASES,
     "memory": MEMORY_KINDS,
+    "part": MEMORY_PARTS,
     "process": CPU_PROCESSES,
     "kind": KINDS,
     "severity": SEVERITIES,
@@ -135,7 +146,7 @@ RANK_PHASE_SECONDS_TOTAL = MetricSpec(
     name="auditor_rank_phase_seconds_total",
     type="counter",
     unit="seconds",
-    help="Sum of time per step phase; collective_wait is part of backward (wall time). "
+    help="Sum of time per step phase; phases are exclusive (backward excludes collective_wait). "
     "A phase that was never measured has no series.",
     labels=(*RANK, "phase"),
 )
@@ -176,6 +187,15 @@ RANK_MEMORY_BYTES = MetricSpec(
     help="Rank memory: host rss, device allocated, reserved and peak allocated. "
     "No series where it was not measured (e.g. device memory on a CPU rank).",
     labels=(*RANK, "memory"),
+)
+RANK_MEMORY_BUDGET_BYTES = MetricSpec(
+    name="auditor_rank_memory_budget_bytes",
+    type="gauge",
+    unit="bytes",
+    help="The rank's measured memory budget by part: parameters, gradients, optimizer_state, "
+    "buffers, other_modules (modules outside the model) and activations (one sampled step's "
+    "saved tensors). No series where the probe sent no budget.",
+    labels=(*RANK, "part"),
 )
 
 # --- per rank: CPU and DataLoader -----------------------------------------------------------------
@@ -485,6 +505,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     RANK_LAST_STEP_TIMESTAMP_SECONDS,
     RANK_BATCH_SIZE,
     RANK_MEMORY_BYTES,
+    RANK_MEMORY_BUDGET_BYTES,
     RANK_CPU_CORES,
     RANK_DATALOADER_WORKERS,
     RANK_DATALOADER_CONFIG_WORKERS,

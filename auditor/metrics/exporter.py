@@ -172,6 +172,13 @@ def render(state: ExportState) -> list[Metric]:
             value = memory[kind]
             if value is not None:
                 out.add(C.RANK_MEMORY_BYTES, {**base, "memory": kind}, value)
+        budget = state.memory.get(rank)
+        if budget is not None:
+            parts = budget.parts()
+            for part in C.MEMORY_PARTS:
+                value = parts[part]
+                if value is not None:
+                    out.add(C.RANK_MEMORY_BUDGET_BYTES, {**base, "part": part}, value)
 
     node_cpu = state.node_cpu
     if node_cpu is not None:

@@ -36,7 +36,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import (
+    Batch,
+    DeviceSample,
+    MemoryBudget,
+    NodeCpu,
+    ProcessCpu,
+    RankInfo,
+    StepSample,
+)
 from auditor.telemetry.recorded import Recording
 
 from .state import ExportState, apply_batch
@@ -83,6 +91,7 @@ def select_node(batch: Batch, node: str | None = None) -> tuple[str, Batch]:
         nodes=tuple(n for n in batch.nodes if n.host in ("", node)),
         devices=tuple(d for d in batch.devices if d.node in ("", node)),
         ended=tuple(r for r in batch.ended if r in ranks),
+        memory=tuple(m for m in batch.memory if m.rank in ranks),
     )
 
 
@@ -139,6 +148,8 @@ def make_ticks(batch: Batch, tick_s: float = DEFAULT_TICK_S) -> list[Tick]:
         at(index(n.time)).nodes.append(n)
     for d in sorted(batch.devices, key=lambda d: (d.time, d.index)):
         at(index(d.time)).devices.append(d)
+    for m in sorted(batch.memory, key=lambda m: (m.time, m.rank)):
+        at(index(m.time)).memory.append(m)
     at(max(ticks)).ended.extend(batch.ended)
     return [Tick(at=t0 + k * tick_s, batch=ticks[k].build()) for k in sorted(ticks)]
 
@@ -151,6 +162,7 @@ class _TickBuilder:
     nodes: list[NodeCpu] = field(default_factory=list)
     devices: list[DeviceSample] = field(default_factory=list)
     ended: list[int] = field(default_factory=list)
+    memory: list[MemoryBudget] = field(default_factory=list)
 
     def build(self) -> Batch:
         return Batch(
@@ -160,6 +172,7 @@ class _TickBuilder:
             nodes=tuple(self.nodes),
             devices=tuple(self.devices),
             ended=tuple(self.ended),
+            memory=tuple(self.memory),
         )
 
 

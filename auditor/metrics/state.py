@@ -16,6 +16,7 @@ from auditor.samples import (
     PHASES,
     Batch,
     DeviceSample,
+    MemoryBudget,
     NodeCpu,
     ProcessCpu,
     RankInfo,
@@ -90,6 +91,8 @@ class ExportState:
     ended: set[int] = field(default_factory=set)
     findings: list[Finding] = field(default_factory=list)
     gpus: dict[str, GpuStatus] = field(default_factory=dict)
+    # The latest measured memory budget per rank (``auditor.probe.memory``).
+    memory: dict[int, MemoryBudget] = field(default_factory=dict)
 
 
 def gpu_owner(gpu: GpuStatus, ranks: Mapping[int, RankInfo]) -> RankInfo | None:
@@ -129,6 +132,8 @@ def apply_batch(state: ExportState, batch: Batch) -> ExportState:
     for c in sorted(batch.processes, key=lambda c: c.time):
         state.cpu[c.rank] = c
     state.ended.update(batch.ended)
+    for m in sorted(batch.memory, key=lambda m: m.time):
+        state.memory[m.rank] = m
     for d in sorted(batch.devices, key=lambda d: d.time):
         old = state.gpus.get(d.uuid)
         if old is not None and old.sample is not None and old.sample.time > d.time:

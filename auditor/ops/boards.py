@@ -57,8 +57,6 @@ PHASE_TITLES = {
     "optimizer": "optimizer",
     "collective_wait": "collective wait",
 }
-# Name of the derived backward-minus-collective-wait series in the breakdown table.
-BACKWARD_COMPUTE = "backward_compute"
 
 
 def sel(metric: str, *matchers: str) -> str:
@@ -67,26 +65,15 @@ def sel(metric: str, *matchers: str) -> str:
 
 
 def phase(name: str, *matchers: str) -> str:
-    """Mean seconds per step of one phase, for the ranks ``matchers`` select.
-
-    ``backward`` is backward minus collective wait: the wait happens inside backward (DDP's
-    all-reduce), so stacking backward whole would count the wait twice. A rank without a
-    collective_wait series (one rank, no DDP) keeps its whole backward.
-    """
-    mean = R.RANK_PHASE_SECONDS_MEAN.record
-    if name != "backward":
-        return sel(mean, *matchers, f'phase="{name}"')
-    backward = sel(mean, *matchers, 'phase="backward"')
-    wait = sel(mean, *matchers, 'phase="collective_wait"')
-    return f"({backward} - ignoring(phase) {wait}) or ignoring(phase) {backward}"
+    """Mean seconds per step of one phase, for the ranks ``matchers`` select. The probe's phases
+    are exclusive (backward holds no collective wait), so they stack as they are."""
+    return sel(R.RANK_PHASE_SECONDS_MEAN.record, *matchers, f'phase="{name}"')
 
 
 def phase_breakdown(*matchers: str) -> str:
-    """Every phase's mean seconds per step in one vector, backward replaced by its compute part
-    (``phase="backward_compute"``): one table row per rank, one column per phase."""
-    backward = phase("backward", *matchers)
-    others = sel(R.RANK_PHASE_SECONDS_MEAN.record, *matchers, 'phase!="backward"')
-    return f'label_replace({backward}, "phase", "{BACKWARD_COMPUTE}", "", "") or {others}'
+    """Every phase's mean seconds per step in one vector: one table row per rank, one column per
+    phase."""
+    return sel(R.RANK_PHASE_SECONDS_MEAN.record, *matchers)
 
 
 def _override(name: str, *properties: tuple[str, object]) -> Json:
@@ -736,8 +723,8 @@ def _breakdown_panel() -> TimeSeries:
     )
     return TimeSeries(
         title="Step breakdown: rank $rank",
-        description="Mean seconds per step in each phase (1 m). Backward excludes the "
-        "collective wait that happens inside it; the dashed line is the whole step.",
+        description="Mean seconds per step in each phase (1 m). The phases are exclusive "
+        "(backward excludes the collective wait inside it); the dashed line is the whole step.",
         w=12,
         h=8,
         unit="s",
@@ -754,7 +741,7 @@ def _breakdown_panel() -> TimeSeries:
 
 def _breakdown_table() -> Table:
     """Latest seconds per step of each phase: a row per rank, a column per phase."""
-    columns = ["rank\\phase", *(BACKWARD_COMPUTE if p == "backward" else p for p in PHASES)]
+    columns = ["rank\\phase", *PHASES]
     return Table(
         title="Step breakdown by rank (seconds per step, 1 m mean)",
         description="backward (compute) excludes the collective wait inside backward.",
@@ -775,10 +762,7 @@ def _breakdown_table() -> Table:
                     "indexByName": {name: i for i, name in enumerate(columns)},
                     "renameByName": {
                         "rank\\phase": "rank",
-                        **{
-                            (BACKWARD_COMPUTE if p == "backward" else p): PHASE_TITLES[p]
-                            for p in PHASES
-                        },
+                        **{p: PHASE_TITLES[p] for p in PHASES},
                     },
                 },
             },

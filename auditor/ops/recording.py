@@ -54,7 +54,7 @@ RANK_PHASE_SECONDS_MEAN = RecordingRule(
         f"rate({_phase_s}[{STEP_WINDOW}])"
         f" / ignoring(phase) group_left rate({_steps}[{STEP_WINDOW}])"
     ),
-    help="Mean time per step in each phase (seconds); collective_wait is part of backward.",
+    help="Mean time per step in each phase (seconds); phases are exclusive.",
 )
 RANK_PHASE_RATIO = RecordingRule(
     record="auditor:rank_phase:ratio1m",

@@ -5,10 +5,30 @@ loop asks the DataLoader for a batch and ends when it asks for the next one afte
 ``optimizer.step()`` (gradient accumulation folds several batches into one step). Loops without a
 DataLoader close a step at each optimizer step.
 
+Exclusive phases. Frameworks nest the phases in each other: Lightning runs forward and backward
+inside ``optimizer.step(closure)``, Hugging Face's Trainer gathers a token count across ranks
+before the forward, FSDP all-gathers inside forward and reduce-scatters inside backward,
+activation checkpointing re-runs forward inside backward. The clock keeps a stack of the open
+phases and charges time to the innermost one only: opening a phase closes the enclosing phase's
+current segment, closing it starts a new segment of the enclosing phase. So every instant of a
+step is booked to at most one phase and the phases add up to at most the step; the rest (the
+loop's own Python, logging, framework bookkeeping) is ``StepSample.other_s``. Two exceptions:
+
+* a forward that starts inside backward is activation checkpointing's recompute: it stays
+  backward (it is backward's cost), so it opens no phase of its own;
+* the DDP gradient all-reduce is not a call on the training thread but a window seen by the
+  communication hook (last bucket ready -> last all-reduce done); that wait, on the host clock,
+  is carved out of backward when the step is resolved.
+
+Data wait is on the host clock (a device timer says nothing about a host-side wait); where the
+loop asks for a batch inside another phase (a ``dataloader_iter`` training step inside the
+optimizer's closure) the enclosing phase is split around it all the same.
+
 Hot path: every event only reads a clock and appends to a list. Durations are resolved later,
 off the training thread, by :meth:`StepClock.resolve` (called from the sink's flush thread). That
 matters on GPUs: there the phase marks are CUDA events recorded on the current stream and read
-once the device has passed them, so nothing on the hot path synchronises.
+once the device has passed them, so nothing on the hot path synchronises. Adjacent segments share
+their boundary mark, so a nested phase costs one mark per boundary.
 """
 
 from __future__ import annotations
@@ -16,14 +36,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from auditor.samples import StepSample
 
-PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = range(4)
-_PHASE_FIELDS = ("h2d_s", "forward_s", "backward_s", "optimizer_s")
+PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_COLLECTIVE, PHASE_DATA = range(6)
+_N_TIMED = 5  # phases whose spans the timer measures (data wait is on the host clock)
+# The name the DDP gradient all-reduce wait has in ``StepSample.collective_ops``.
+DDP_ALLREDUCE = "ddp_allreduce"
 
 
 class Timer(Protocol):
@@ -34,6 +56,8 @@ class Timer(Protocol):
     def ready(self, mark: Any) -> bool: ...
 
     def elapsed(self, start: Any, end: Any) -> float: ...
+
+    def release(self, marks: Iterable[Any]) -> None: ...
 
 
 class CpuTimer:
@@ -48,12 +72,16 @@ class CpuTimer:
     def elapsed(self, start: Any, end: Any) -> float:
         return max(0.0, float(end) - float(start))
 
+    def release(self, marks: Iterable[Any]) -> None:
+        pass
+
 
 class CudaTimer:
     """CUDA events recorded on the current stream, read only once the device has passed them.
 
     Events come from a free list so steady state allocates nothing; ``elapsed`` is called from the
-    flush thread after ``ready`` said the end event completed, so it never blocks.
+    flush thread after ``ready`` said the events completed, so it never blocks. A mark bounds two
+    adjacent segments, so it goes back to the free list (``release``) once per step, not per read.
     """
 
     def __init__(self, torch_module: Any) -> None:
@@ -73,10 +101,15 @@ class CudaTimer:
         return bool(mark.query())
 
     def elapsed(self, start: Any, end: Any) -> float:
-        ms = float(start.elapsed_time(end))
+        return max(0.0, float(start.elapsed_time(end)) / 1e3)
+
+    def release(self, marks: Iterable[Any]) -> None:
         with self._lock:
-            self._free.extend((start, end))
-        return max(0.0, ms / 1e3)
+            self._free.extend(marks)
+
+
+# One booked segment: (phase, start mark, end mark, collective name or None).
+Span = tuple[int, Any, Any, "str | None"]
 
 
 @dataclass
@@ -88,13 +121,20 @@ class PendingStep:
     step_s: float
     data_wait_s: float
     batch_size: int | None
-    collective_wait_s: float | None
-    spans: list[tuple[int, Any, Any]] = field(default_factory=list)
+    data_cpu_s: float | None
+    # DDP gradient all-reduce wait (host clock); None: no DDP bucket seen this step.
+    ddp_wait_s: float | None
+    collectives_seen: bool
+    spans: list[Span] = field(default_factory=list)
     memory: tuple[int | None, int | None, int | None] = (None, None, None)
 
 
 class StepClock:
-    """Accumulates phase spans for the current step; closes steps into :class:`PendingStep`."""
+    """Accumulates phase spans for the current step; closes steps into :class:`PendingStep`.
+
+    Events are called on the training thread only (the hooks check), except the DDP bucket
+    callbacks, which only touch their own counters.
+    """
 
     def __init__(
         self,
@@ -115,6 +155,18 @@ class StepClock:
         self.dropped = 0
         self.steps = 0
         self.saw_loader = False
+        # Set by the probe when the DDP gradient all-reduce cannot be timed (a builtin C++ comm
+        # hook): the step's collective wait is then not measured at all, rather than partial.
+        self.collective_unmeasured = False
+        # Open phases, innermost last: [phase, counted, name]. Only the innermost counted one
+        # has an open segment, which started at ``_seg``.
+        self._stack: list[tuple[int, bool, str | None]] = []
+        self._top = -1  # index of the innermost counted entry, -1: none
+        self._seg: Any = None
+        self._backward_depth = 0
+        # Inside a DDP communication hook: collectives called there are the gradient all-reduce,
+        # timed by the hook's own window (never twice).
+        self.hook_depth = 0
         self._reset(None)
 
     def use(
@@ -130,17 +182,73 @@ class StepClock:
     def _reset(self, start: float | None) -> None:
         self._start = start
         self._data_wait = 0.0
+        self._data_cpu = 0.0
+        self._data_seen = False
         self._batch = 0
         self._batch_known = False
-        self._spans: list[tuple[int, Any, Any]] = []
+        self._spans: list[Span] = []
         self._opt_done = False
-        self._batch_end: Any = None
-        self._forward_start: Any = None
-        self._backward_start: Any = None
-        self._opt_start: Any = None
         self._cw_launch = 0.0
         self._cw_done = 0.0
         self._cw_seen = False
+        self._coll_seen = False
+        self._in_data = False
+
+    # --- the phase stack -----------------------------------------------------------------------
+    def _open(self, phase: int, name: str | None = None, counted: bool = True) -> None:
+        stack = self._stack
+        if not counted:
+            stack.append((phase, False, name))
+            return
+        m = self.timer.mark()
+        top = self._top
+        if top >= 0:
+            outer = stack[top]
+            if outer[0] != PHASE_DATA:
+                self._spans.append((outer[0], self._seg, m, outer[2]))
+        self._top = len(stack)
+        stack.append((phase, True, name))
+        self._seg = m
+        if phase == PHASE_BACKWARD:
+            self._backward_depth += 1
+
+    def _close_phase(self, phase: int) -> bool:
+        """Close the innermost open ``phase`` (and anything left open inside it); False if it
+        was not open."""
+        stack = self._stack
+        i = len(stack) - 1
+        while i >= 0 and stack[i][0] != phase:
+            i -= 1
+        if i < 0:
+            return False
+        top = self._top
+        if top >= i:  # the innermost counted phase is at or inside it: end its segment here
+            m = self.timer.mark()
+            inner = stack[top]
+            if inner[0] != PHASE_DATA:
+                self._spans.append((inner[0], self._seg, m, inner[2]))
+            self._seg = m
+            for entry in stack[i:]:
+                if entry[1] and entry[0] == PHASE_BACKWARD:
+                    self._backward_depth -= 1
+            del stack[i:]
+            # The enclosing counted phase (if any) goes on from here.
+            top = i - 1
+            while top >= 0 and not stack[top][1]:
+                top -= 1
+            self._top = top
+        else:  # only uncounted entries (a recompute's forward) from it up: nothing was booked
+            del stack[i:]
+        return True
+
+    @property
+    def in_backward(self) -> bool:
+        return self._backward_depth > 0
+
+    @property
+    def in_phase(self) -> int | None:
+        """The innermost open phase (counted or not), None outside every phase."""
+        return self._stack[-1][0] if self._stack else None
 
     # --- events, called on the training thread -------------------------------------------------
     def data_begin(self) -> float:
@@ -149,50 +257,73 @@ class StepClock:
             self._close(t)
         if self._start is None:
             self._start = t
+        if self._stack:  # asked for a batch inside another phase: split it around the wait
+            self._open(PHASE_DATA)
+        self._in_data = True
         return t
 
-    def data_end(self, began: float, batch_size: int | None) -> None:
+    def data_end(self, began: float, batch_size: int | None, cpu_s: float | None = None) -> None:
         self.saw_loader = True
+        self._in_data = False
         self._data_wait += self._now() - began
+        if cpu_s is not None:
+            self._data_cpu += cpu_s
+            self._data_seen = True
         if batch_size is not None:
             self._batch += batch_size
             self._batch_known = True
-        self._batch_end = self.timer.mark()
+        if self._stack and self._stack[-1][0] == PHASE_DATA:
+            self._close_phase(PHASE_DATA)
+
+    def h2d_begin(self) -> None:
+        """The loop copies its batch to the device (``Tensor.to`` and kin, batch in hand)."""
+        if self._start is None:
+            self._start = self._now()
+        self._open(PHASE_H2D)
+
+    def h2d_end(self) -> None:
+        self._close_phase(PHASE_H2D)
 
     def forward_begin(self) -> None:
         if self._start is None:
             self._start = self._now()
-        mark = self.timer.mark()
-        if self._batch_end is not None:
-            # Time from batch in hand to the model's first call: the host-to-device copy and any
-            # per-batch preparation the loop does.
-            self._spans.append((PHASE_H2D, self._batch_end, mark))
-            self._batch_end = None
-        self._forward_start = mark
+        # A forward inside backward is activation checkpointing's recompute: backward's cost.
+        self._open(PHASE_FORWARD, counted=self._backward_depth == 0)
 
     def forward_end(self) -> None:
-        if self._forward_start is not None:
-            self._spans.append((PHASE_FORWARD, self._forward_start, self.timer.mark()))
-            self._forward_start = None
+        self._close_phase(PHASE_FORWARD)
 
     def backward_begin(self) -> None:
-        self._backward_start = self.timer.mark()
+        if self._start is None:
+            self._start = self._now()
+        self._open(PHASE_BACKWARD)
 
     def backward_end(self) -> None:
-        if self._backward_start is not None:
-            self._spans.append((PHASE_BACKWARD, self._backward_start, self.timer.mark()))
-            self._backward_start = None
+        self._close_phase(PHASE_BACKWARD)
 
     def optimizer_begin(self) -> None:
-        self._opt_start = self.timer.mark()
+        if self._start is None:
+            self._start = self._now()
+        self._open(PHASE_OPTIMIZER)
 
     def optimizer_end(self) -> None:
-        if self._opt_start is not None:
-            self._spans.append((PHASE_OPTIMIZER, self._opt_start, self.timer.mark()))
-            self._opt_start = None
+        self._close_phase(PHASE_OPTIMIZER)
+        if self._stack and any(e[0] == PHASE_OPTIMIZER for e in self._stack):
+            return  # an optimizer stepping inside another (a wrapper's inner optimizer)
         self._opt_done = True
         if not self.saw_loader:
             self._close(self._now())
+
+    def collective_begin(self, name: str) -> None:
+        """A collective call (or a wait on an async one's ``Work``) starts: the rank waits."""
+        if self._start is None:
+            self._start = self._now()
+        self._coll_seen = True
+        # A collective inside the loader's own ``__next__`` is part of the data wait already.
+        self._open(PHASE_COLLECTIVE, name, counted=not self._in_data)
+
+    def collective_end(self) -> None:
+        self._close_phase(PHASE_COLLECTIVE)
 
     def bucket_launched(self) -> float:
         """A gradient bucket is ready on this rank and its all-reduce starts (comm hook)."""
@@ -213,9 +344,17 @@ class StepClock:
     # --- closing and resolving ---------------------------------------------------------------
     def _close(self, t: float) -> None:
         start = self._start if self._start is not None else t
-        # The wait of this rank at the barrier: from its last bucket being ready to the last
-        # all-reduce finishing. The rank the others wait for sees almost none.
-        cw = max(0.0, self._cw_done - self._cw_launch) if self._cw_seen else None
+        top = self._top
+        if top >= 0:
+            # A phase open across the boundary: end its segment here, go on in the next step.
+            m = self.timer.mark()
+            entry = self._stack[top]
+            if entry[0] != PHASE_DATA:
+                self._spans.append((entry[0], self._seg, m, entry[2]))
+            self._seg = m
+        # The wait of this rank at the gradient all-reduce: from its last bucket being ready to
+        # the last all-reduce finishing. The rank the others wait for sees almost none.
+        ddp = max(0.0, self._cw_done - self._cw_launch) if self._cw_seen else None
         if len(self.pending) == self.pending.maxlen:
             self.dropped += 1
         self.pending.append(
@@ -225,7 +364,9 @@ class StepClock:
                 step_s=max(0.0, t - start),
                 data_wait_s=self._data_wait,
                 batch_size=self._batch if self._batch_known else None,
-                collective_wait_s=cw,
+                data_cpu_s=self._data_cpu if self._data_seen else None,
+                ddp_wait_s=ddp,
+                collectives_seen=self._coll_seen,
                 spans=self._spans,
                 memory=self._memory() if self._memory else (None, None, None),
             )
@@ -237,32 +378,59 @@ class StepClock:
         """Steps whose marks the device has passed, oldest first; called off the hot path."""
         out: list[StepSample] = []
         rank = self._rank()
+        timer = self.timer
         while self.pending:
             p = self.pending[0]
-            if p.spans and not self.timer.ready(p.spans[-1][2]):
-                break  # the device has not reached this step's end yet: read it next time
+            # Every mark, not only the last: marks on different streams complete out of order.
+            if not all(timer.ready(s[2]) and timer.ready(s[1]) for s in p.spans):
+                break  # the device has not passed this step yet: read it next time
             self.pending.popleft()
-            phases = [0.0, 0.0, 0.0, 0.0]
-            for phase, a, b in p.spans:
-                phases[phase] += self.timer.elapsed(a, b)
-            alloc, reserved, peak = p.memory
-            out.append(
-                StepSample(
-                    rank=rank,
-                    step=p.step,
-                    time=p.wall_time,
-                    step_s=p.step_s,
-                    data_wait_s=p.data_wait_s,
-                    h2d_s=phases[PHASE_H2D],
-                    forward_s=phases[PHASE_FORWARD],
-                    backward_s=phases[PHASE_BACKWARD],
-                    optimizer_s=phases[PHASE_OPTIMIZER],
-                    collective_wait_s=p.collective_wait_s,
-                    batch_size=p.batch_size,
-                    rss_bytes=rss_bytes,
-                    mem_allocated_bytes=alloc,
-                    mem_reserved_bytes=reserved,
-                    mem_peak_bytes=peak,
-                )
-            )
+            out.append(self._sample(rank, p, rss_bytes))
+            # Each mark once; the step's last mark may start the next step's first segment (a
+            # phase open across the boundary): that one goes back with the next step.
+            marks: dict[int, Any] = {}
+            for s in p.spans:
+                marks[id(s[1])] = s[1]
+                marks[id(s[2])] = s[2]
+            if p.spans:
+                marks.pop(id(p.spans[-1][2]), None)
+            timer.release(marks.values())
         return out
+
+    def _sample(self, rank: int, p: PendingStep, rss_bytes: int | None) -> StepSample:
+        phases = [0.0] * _N_TIMED
+        ops: dict[str, float] = {}
+        for phase, a, b, name in p.spans:
+            d = self.timer.elapsed(a, b)
+            phases[phase] += d
+            if phase == PHASE_COLLECTIVE:
+                key = name or "collective"
+                ops[key] = ops.get(key, 0.0) + d
+        backward = phases[PHASE_BACKWARD]
+        if p.ddp_wait_s is not None:
+            # The DDP wait happens inside backward (the reducer waits for its buckets there).
+            ops[DDP_ALLREDUCE] = ops.get(DDP_ALLREDUCE, 0.0) + p.ddp_wait_s
+            backward = max(0.0, backward - p.ddp_wait_s)
+        measured = (p.ddp_wait_s is not None or p.collectives_seen) and not (
+            self.collective_unmeasured
+        )
+        alloc, reserved, peak = p.memory
+        return StepSample(
+            rank=rank,
+            step=p.step,
+            time=p.wall_time,
+            step_s=p.step_s,
+            data_wait_s=p.data_wait_s,
+            h2d_s=phases[PHASE_H2D],
+            forward_s=phases[PHASE_FORWARD],
+            backward_s=backward,
+            optimizer_s=phases[PHASE_OPTIMIZER],
+            collective_wait_s=sum(ops.values()) if measured else None,
+            batch_size=p.batch_size,
+            rss_bytes=rss_bytes,
+            mem_allocated_bytes=alloc,
+            mem_reserved_bytes=reserved,
+            mem_peak_bytes=peak,
+            data_cpu_s=p.data_cpu_s,
+            collective_ops=ops if measured else None,
+        )

@@ -14,6 +14,20 @@ What is hooked, and why this way:
 * Collective wait: a DDP communication hook that wraps the default all-reduce and times its
   futures. DDP accepts one hook: if the script registers its own, the timing wrapper wraps that
   one instead (before or after ours went in), so the script's hook always runs.
+* Every other collective (all_reduce of a loss, all_gather, broadcast, barrier, reduce_scatter,
+  the object collectives, FSDP's all-gathers and reduce-scatters): the functions in
+  ``torch.distributed.distributed_c10d``, and their re-exports in ``torch.distributed``, are
+  wrapped (frameworks call them by attribute at call time: ``dist.all_gather_single`` in FSDP2,
+  ``torch.distributed.all_gather_into_tensor`` in accelerate). A synchronous call is collective
+  wait as a whole; an ``async_op=True`` call returns its ``Work`` untouched (FSDP checks its
+  type) and ``Work.wait`` is timed instead, under the name of the call that launched it.
+  Only the outermost call is timed (``all_gather_object`` runs ``all_gather`` inside), only on
+  the training thread, and never inside the DDP comm hook (timed there already).
+* Host-to-device copy: ``Tensor.to``/``.cuda``/``.pin_memory`` on the training thread, timed only
+  between a batch's arrival and the step's first forward (the methods are swapped in for that
+  window only, so a model's own ``.to`` calls cost nothing).
+* FSDP (``fully_shard``'s ``FSDPModule``, or ``FullyShardedDataParallel``): recognised by its
+  class when the root module is first called; that root is the model.
 
 Everything is wrapped in ``try``: if a hook cannot attach, the job runs untouched and the phase
 is reported as not measured.
@@ -24,17 +38,21 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import inspect
 import os
 import socket
 import sys
 import threading
+import weakref
 from collections.abc import Callable
+from time import thread_time
 from typing import Any
 
 from auditor.samples import LoaderConfig, RankInfo
 
-from .clock import CpuTimer, CudaTimer, StepClock
-from .sink import Sink, step_message
+from .clock import PHASE_H2D, CpuTimer, CudaTimer, StepClock
+from .memory import ACTIVATIONS_EVERY, MemoryMeter
+from .sink import Sink, memory_message, step_message
 
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
 
@@ -95,8 +113,25 @@ class Probe:
         self._fwd_depth = 0
         self._model_hooks: list[Any] = []
         self._lock = threading.Lock()
+        # The thread the training loop runs on (where the model's forward runs); the collective
+        # and copy timers ignore every other thread (DataLoader pinning, DDP's autograd threads).
+        self.tid = threading.get_ident()
+        self._coll_depth = 0  # inside a timed collective: nested ones are part of it
+        self._h2d_open = False
+        self._h2d_swap: Callable[[bool], None] | None = None
         # CPU clock until the first training event shows whether this process trains on CUDA.
         self.clock = StepClock(rank=self.rank, timer=CpuTimer())
+        # The memory budget (auditor.probe.memory): on unless AUDITOR_PROBE_MEMORY=0.
+        self.memory: MemoryMeter | None = None
+        if os.environ.get("AUDITOR_PROBE_MEMORY", "1") != "0":
+            self.memory = MemoryMeter(
+                torch,
+                rank=self.rank,
+                device=lambda: self.device,
+                activations_every=int(
+                    os.environ.get("AUDITOR_PROBE_MEMORY_EVERY", str(ACTIVATIONS_EVERY))
+                ),
+            )
         self.sink = Sink(
             self.sink_path,
             collect=self._collect,
@@ -153,6 +188,8 @@ class Probe:
         info = self.info().to_dict()
         self._info_sent = info
         self._workers_sent = None
+        if self.memory is not None:
+            self.memory.resend()
         return {"type": "hello", "version": 1, "info": info}
 
     def _collect(self) -> list[dict[str, Any]]:
@@ -167,6 +204,9 @@ class Probe:
         steps = self.clock.resolve(rss_bytes=_rss_bytes())
         if steps:
             msgs.append(step_message(self.rank(), steps))
+        budget = self.memory.take() if self.memory is not None else None
+        if budget is not None:
+            msgs.append(memory_message(budget))
         return msgs
 
     def _uuids(self) -> tuple[str, ...]:
@@ -209,6 +249,7 @@ class Probe:
         except Exception:
             pass
         self.active = True
+        self.tid = threading.get_ident()
         if self._cuda_in_use():
             self.clock.use(CudaTimer(self.torch), memory=self._cuda_memory)
             if self.device == "cpu":
@@ -235,6 +276,25 @@ class Probe:
             return 15.0
         return 2.0 if os.path.exists(self.sink_path) else 0.0
 
+    def mark_unmeasured(self, phase: str) -> None:
+        self.unmeasured.add(phase)
+        if phase == "collective_wait":
+            # The gradient all-reduce cannot be timed: a partial collective wait would read as
+            # measured, so the steps say "not measured" instead.
+            self.clock.collective_unmeasured = True
+
+    # --- the host-to-device window ---------------------------------------------------------------
+    def open_h2d(self) -> None:
+        """A batch is in hand: time the copy calls until the step's first forward."""
+        if not self._h2d_open and self._h2d_swap is not None:
+            self._h2d_swap(True)
+            self._h2d_open = True
+
+    def close_h2d(self) -> None:
+        if self._h2d_open and self._h2d_swap is not None:
+            self._h2d_swap(False)
+            self._h2d_open = False
+
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) must not report as the rank it was forked from."""
         self.enabled = False
@@ -247,9 +307,11 @@ class Probe:
             return
         for h in self._model_hooks:
             h.remove()
+        # First in, last out: FSDP's own pre-forward all-gather and post-forward reshard are
+        # inside the model's forward (their collective wait carved out of it).
         self._model_hooks = [
-            module.register_forward_pre_hook(self._model_pre),
-            module.register_forward_hook(self._model_post),
+            module.register_forward_pre_hook(self._model_pre, prepend=True),
+            module.register_forward_hook(self._model_post, always_call=True),
         ]
         self.model = module
         self._remove_global_forward()
@@ -261,16 +323,29 @@ class Probe:
 
     def _model_pre(self, module: Any, args: Any) -> None:
         if self.enabled and (self.active or self.activate()):
+            self.tid = threading.get_ident()
+            if self._h2d_open:
+                self.close_h2d()
             self.clock.forward_begin()
+            if self.memory is not None and not self.clock.in_backward:
+                self.memory.forward_begin(module, batch_size_of(args))
 
     def _model_post(self, module: Any, args: Any, output: Any) -> None:
         if self.active:
+            if self.memory is not None:
+                self.memory.forward_end()
             self.clock.forward_end()
 
     def _global_pre(self, module: Any, args: Any) -> None:
         if self._fwd_depth == 0 and self.enabled and (self.active or self.activate()):
             if self.model is None and self.clock.steps >= self._discover_steps:
                 self._remove_global_forward()
+            if not self.clock.in_backward:
+                self.tid = threading.get_ident()
+                if self.model is None and _is_fsdp(module):
+                    self.parallel_mode = "fsdp"  # known before its first forward ends
+            if self._h2d_open:
+                self.close_h2d()
             self.clock.forward_begin()
         self._fwd_depth += 1
 
@@ -278,7 +353,12 @@ class Probe:
         self._fwd_depth = max(0, self._fwd_depth - 1)
         if self._fwd_depth == 0 and self.active:
             self.clock.forward_end()
-            if self.clock.steps + 1 >= self._discover_steps and self.model is None:
+            if self.model is not None or self.clock.in_backward:
+                return  # a top-level call inside backward is checkpointing's recompute
+            if _is_fsdp(module):
+                self.parallel_mode = "fsdp"
+                self.set_model(module)
+            elif self.clock.steps + 1 >= self._discover_steps:
                 self.set_model(module)
 
 
@@ -298,6 +378,8 @@ def attach(torch: Any, *, sink_path: str | None = None, job: str = "") -> Probe 
     _PROBE = probe
     for name, fn in (
         ("data", _hook_dataloader),
+        ("h2d", _hook_h2d),
+        ("collectives", _hook_collectives),
         ("forward", _hook_forward),
         ("backward", _hook_backward),
         ("optimizer", _hook_optimizer),
@@ -307,7 +389,7 @@ def attach(torch: Any, *, sink_path: str | None = None, job: str = "") -> Probe 
         try:
             fn(probe, torch)
         except Exception as exc:  # never break the job: report the phase as not measured
-            probe.unmeasured.add(name)
+            probe.mark_unmeasured("collective_wait" if name == "collectives" else name)
             if os.environ.get("AUDITOR_DEBUG"):
                 print(f"auditor probe: could not hook {name}: {exc!r}", file=sys.stderr)
     os.register_at_fork(after_in_child=probe.after_fork_in_child)
@@ -325,9 +407,16 @@ def _hook_dataloader(probe: Probe, torch: Any) -> None:
     def __next__(self: Any) -> Any:
         if not probe.enabled or not (probe.active or probe.activate()):
             return orig_next(self)
+        if clock.in_phase is None:
+            probe._fwd_depth = 0  # a batch between steps: no module call is open
         began = clock.data_begin()
+        cpu = thread_time()
         batch = orig_next(self)
-        clock.data_end(began, batch_size_of(batch))
+        # The main thread's CPU while it waited: the loading's cost with num_workers=0 (I/O
+        # waits cost none), about zero with workers.
+        cpu = thread_time() - cpu
+        clock.data_end(began, batch_size_of(batch), cpu)
+        probe.open_h2d()
         return batch
 
     @functools.wraps(orig_iter)
@@ -365,7 +454,9 @@ def _hook_forward(probe: Probe, torch: Any) -> None:
     m = importlib.import_module("torch.nn.modules.module")
     probe._global_fwd = [
         m.register_module_forward_pre_hook(probe._global_pre),
-        m.register_module_forward_hook(probe._global_post),
+        # always_call: a forward that raises still ends (non-reentrant checkpointing stops its
+        # recompute with an exception once it has the tensors it needs).
+        m.register_module_forward_hook(probe._global_post, always_call=True),
     ]
 
 
@@ -378,6 +469,7 @@ def _hook_backward(probe: Probe, torch: Any) -> None:
     def backward(*args: Any, **kwargs: Any) -> Any:
         if not probe.active:
             return orig(*args, **kwargs)
+        probe.close_h2d()
         clock.backward_begin()
         try:
             return orig(*args, **kwargs)
@@ -393,11 +485,17 @@ def _hook_optimizer(probe: Probe, torch: Any) -> None:
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         if probe.enabled and (probe.active or probe.activate()):
+            probe.close_h2d()
             clock.optimizer_begin()
 
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if probe.active:
             clock.optimizer_end()
+            if probe.memory is not None:
+                try:
+                    probe.memory.after_step(probe.model, optimizer)
+                except Exception:
+                    pass  # the probe must never take the training job down
 
     opt.register_optimizer_step_pre_hook(pre)
     opt.register_optimizer_step_post_hook(post)
@@ -416,9 +514,14 @@ class TimedCommHook:
         self.state = state
 
     def run(self, bucket: Any) -> Any:
-        self.clock.bucket_launched()
-        fut = self.inner(self.state, bucket)
         clock = self.clock
+        clock.bucket_launched()
+        # The inner hook's own dist.all_reduce is this wait: not timed a second time.
+        clock.hook_depth += 1
+        try:
+            fut = self.inner(self.state, bucket)
+        finally:
+            clock.hook_depth -= 1
 
         def done(f: Any) -> Any:
             clock.bucket_done()
@@ -469,7 +572,7 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
             probe.set_model(self)
             self._auditor_first = self.register_forward_pre_hook(_install_default_timer)
         except Exception:
-            probe.unmeasured.add("collective_wait")
+            probe.mark_unmeasured("collective_wait")
 
     def _install_default_timer(module: Any, args: Any) -> None:
         # At the first forward: the script had its chance to register its own hook by now.
@@ -484,7 +587,7 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
             module._auditor_timed = timed
         except Exception as exc:
             _debug(f"no DDP timing hook: {exc!r}")
-            probe.unmeasured.add("collective_wait")
+            probe.mark_unmeasured("collective_wait")
 
     @functools.wraps(orig_register)
     def register_comm_hook(self: Any, state: Any, hook: Callable[..., Any]) -> None:
@@ -513,7 +616,7 @@ def _hook_ddp(probe: Probe, torch: Any) -> None:
         else:
             # Before ours: a C++ hook cannot be wrapped; leave it and say what was not measured.
             self._auditor_user_hook = True
-            probe.unmeasured.add("collective_wait")
+            probe.mark_unmeasured("collective_wait")
         assert orig_builtin is not None
         orig_builtin(self, comm_hook_type)
 
@@ -552,6 +655,168 @@ def _hook_dataparallel(probe: Probe, torch: Any) -> None:
         probe.set_model(self)
 
     dp_cls.__init__ = __init__
+
+
+def _is_fsdp(module: Any) -> bool:
+    """FSDP2 (``fully_shard`` turns the module's class into a subclass of ``FSDPModule``) or
+    FSDP1 (``FullyShardedDataParallel``), by class name: no import of torch's FSDP package."""
+    return any(c.__name__ in _FSDP_CLASSES for c in type(module).__mro__)
+
+
+_FSDP_CLASSES = frozenset(("FSDPModule", "FullyShardedDataParallel"))
+
+# torch.distributed functions timed as collective wait (those this torch has).
+COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather_coalesced",
+    "_all_gather_base",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+)
+# Bound in torch.distributed only (C++): DDP's buffer broadcast at each forward (BatchNorm stats).
+COLLECTIVES_DIST_ONLY = ("_broadcast_coalesced",)
+
+
+def _hook_collectives(probe: Probe, torch: Any) -> None:
+    if not torch.distributed.is_available():
+        return
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    dist = torch.distributed
+    clock = probe.clock
+    get_ident = threading.get_ident
+    # Names of async Works launched through the wrappers, until they are waited on.
+    launched: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        try:
+            params = list(inspect.signature(orig).parameters)
+        except (TypeError, ValueError):  # a C++ binding: always synchronous
+            params = []
+        async_at = params.index("async_op") if "async_op" in params else -1
+
+        @functools.wraps(orig)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if (
+                not probe.active
+                or probe._coll_depth
+                or clock.hook_depth
+                or get_ident() != probe.tid
+            ):
+                return orig(*args, **kwargs)
+            if "async_op" in kwargs:
+                is_async = bool(kwargs["async_op"])
+            else:
+                is_async = 0 <= async_at < len(args) and bool(args[async_at])
+            if is_async:
+                # Launched only: the wait is timed when (and where) the caller waits.
+                probe._coll_depth += 1
+                try:
+                    work = orig(*args, **kwargs)
+                finally:
+                    probe._coll_depth -= 1
+                if work is not None:
+                    try:
+                        launched[work] = name
+                    except TypeError:
+                        pass
+                return work
+            clock.collective_begin(name)
+            probe._coll_depth += 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                probe._coll_depth -= 1
+                clock.collective_end()
+
+        return collective
+
+    for name in COLLECTIVES:
+        orig = getattr(c10d, name, None)
+        if orig is None or getattr(orig, "_auditor_timed", False):
+            continue
+        timed = wrap(name, orig)
+        timed._auditor_timed = True  # type: ignore[attr-defined]
+        setattr(c10d, name, timed)
+        if getattr(dist, name, None) is orig:
+            setattr(dist, name, timed)
+    for name in COLLECTIVES_DIST_ONLY:
+        orig = getattr(dist, name, None)
+        if orig is not None and not getattr(orig, "_auditor_timed", False):
+            setattr(dist, name, wrap(name, orig))
+
+    work_cls = c10d.Work
+    orig_wait = work_cls.wait
+
+    @functools.wraps(orig_wait)
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not probe.active or probe._coll_depth or clock.hook_depth or get_ident() != probe.tid:
+            return orig_wait(self, *args, **kwargs)
+        try:
+            name = launched.pop(self, None) or "wait"
+        except TypeError:
+            name = "wait"
+        clock.collective_begin(name)
+        probe._coll_depth += 1
+        try:
+            return orig_wait(self, *args, **kwargs)
+        finally:
+            probe._coll_depth -= 1
+            clock.collective_end()
+
+    work_cls.wait = wait
+
+
+def _hook_h2d(probe: Probe, torch: Any) -> None:
+    """Prepares the copy timers; :meth:`Probe.open_h2d` swaps them in for a batch's window."""
+    tensor = torch.Tensor
+    clock = probe.clock
+    get_ident = threading.get_ident
+    names = [n for n in ("to", "cuda", "pin_memory") if hasattr(tensor, n)]
+    own = {n: tensor.__dict__[n] for n in names if n in tensor.__dict__}
+
+    def timed(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def copy(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if get_ident() != probe.tid or clock.in_phase == PHASE_H2D:
+                return orig(self, *args, **kwargs)
+            clock.h2d_begin()
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                clock.h2d_end()
+
+        return copy
+
+    timers = {n: timed(getattr(tensor, n)) for n in names}
+
+    def swap(on: bool) -> None:
+        for n in names:
+            if on:
+                setattr(tensor, n, timers[n])
+            elif n in own:
+                setattr(tensor, n, own[n])
+            else:
+                delattr(tensor, n)
+
+    probe._h2d_swap = swap
 
 
 def _debug(msg: str) -> None:

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from auditor.samples import StepSample
+from auditor.samples import MemoryBudget, StepSample
 
 PROTOCOL_VERSION = 1
 _WIRE_FIELDS = StepSample.wire_fields()
@@ -35,6 +35,11 @@ def encode(msg: dict[str, Any]) -> bytes:
 
 def step_message(rank: int, steps: list[StepSample]) -> dict[str, Any]:
     return {"type": "steps", "rank": rank, "rows": [s.to_row() for s in steps]}
+
+
+def memory_message(budget: MemoryBudget) -> dict[str, Any]:
+    """A rank's memory budget (``auditor.probe.memory``): sent when it changes, rarely."""
+    return {"type": "memory", "rank": budget.rank, "budget": budget.to_dict()}
 
 
 class Sink:

@@ -30,14 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from auditor.analysis import SampleStore, analyze
-from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
+from auditor.analysis import SampleStore
+from auditor.analysis.snapshot import Snapshot
+from auditor.audit import Audit
 from auditor.config import ConfigError, parse_overrides
 from auditor.report.compare import compare_reports, render_compare
 from auditor.report.json_report import SCHEMA as REPORT_SCHEMA
-from auditor.report.json_report import build_report, validate_report
+from auditor.report.json_report import validate_report
 from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import SCHEMA as RECORDING_SCHEMA
+from auditor.telemetry.recorded import SCHEMAS as RECORDING_SCHEMAS
 from auditor.telemetry.recorded import RecordingError, read_recording
 
 COMMANDS = ("analyze", "report", "compare")
@@ -77,7 +79,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         description="Re-run the rules on a recording made with 'auditor run --record' and print "
         "the same verdict the live run prints. Unreadable lines are named and skipped.",
     )
-    p.add_argument("recording", metavar="RECORDING", help="a recording (auditor.recording/v1)")
+    p.add_argument(
+        "recording", metavar="RECORDING", help="a recording (auditor.recording/v2 or v1)"
+    )
     _analysis_options(p)
     p.add_argument("--html", metavar="PATH", help="also write the HTML report here")
 
@@ -236,7 +240,7 @@ def sniff(path: str) -> str:
         head = json.loads(first)
     except ValueError:
         head = None
-    if isinstance(head, dict) and head.get("schema") == RECORDING_SCHEMA:
+    if isinstance(head, dict) and head.get("schema") in RECORDING_SCHEMAS:
         return "recording"
     if isinstance(head, dict) and head.get("schema") == REPORT_SCHEMA:
         return "report"  # a report on one line
@@ -269,9 +273,10 @@ def analyze_recording(
         rec = read_recording(path)
     except RecordingError as exc:
         raise InputError(str(exc)) from None
-    # The same warm-up skip as the live run, so a replay gives the live verdict.
-    store = SampleStore(rec.job, warmup_steps=WARMUP_STEPS)
-    store.add(rec.batch)
+    # The same pipeline as the live run (warm-up skip included): a replay gives its verdict.
+    audit = Audit(rec.job, window_s=window, overrides=overrides)
+    audit.add(rec.batch)
+    store = audit.store
     b = rec.batch
     samples = len(b.steps) + len(b.processes) + len(b.nodes) + len(b.devices)
     now = store.latest_time()
@@ -287,25 +292,20 @@ def analyze_recording(
     series: Snapshot | None = None
     if now is None:
         now = float(rec.header.get("created") or 0.0)
-        snap = store.snapshot(now, None)
-        findings = []
         notes.append("the recording holds no training step")
     else:
-        snap = store.snapshot(now, window)
-        try:
-            findings = analyze(snap, overrides)
-        except ValueError as exc:
-            raise InputError(f"--set: {exc}") from None
         series = store.snapshot(now, None)
-    report = build_report(
-        command=command,
-        exit_code=None,
-        duration_s=_duration(rec.header, store, now),
-        snapshot=snap,
-        findings=findings,
-        job=rec.job,
-        notes=notes,
-    )
+    try:
+        report = audit.report(
+            command=command,
+            exit_code=None,
+            duration_s=_duration(rec.header, store, now),
+            notes=notes,
+            now=now,
+            window_s=window,
+        )
+    except ValueError as exc:
+        raise InputError(f"--set: {exc}") from None
     return Loaded(
         path=path,
         kind="recording",

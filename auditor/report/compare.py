@@ -338,7 +338,7 @@ def _rank_side(r: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "data_wait": _val(r.get("data_wait_s")),
             "h2d": _val(r.get("h2d_s")),
             "forward": _val(r.get("forward_s")),
-            "backward_own": max(0.0, _val(r.get("backward_s")) - wait),
+            "backward_own": _val(r.get("backward_s")),  # exclusive: no collective wait in it
             "optimizer": _val(r.get("optimizer_s")),
             "collective_wait": wait,
         }

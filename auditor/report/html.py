@@ -257,12 +257,12 @@ def breakdown_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
 def breakdown_ms(rank: Mapping[str, Any]) -> dict[str, float]:
     """One report rank entry's step split into the breakdown's parts, in ms (0 if unmeasured)."""
     wait = _num(rank.get("collective_wait_s"))
-    backward = _num(rank.get("backward_s"))
+    backward = _num(rank.get("backward_s"))  # exclusive: the collective wait is not in it
     parts = {
         "data wait": _num(rank.get("data_wait_s")),
         "h2d": _num(rank.get("h2d_s")),
         "forward": _num(rank.get("forward_s")),
-        "backward (own work)": max(0.0, backward - wait),
+        "backward (own work)": backward,
         "optimizer": _num(rank.get("optimizer_s")),
         "collective wait": wait,
     }
@@ -495,15 +495,19 @@ def _verdict_section(
     if fixes:
         out.append('<h2>What to change, per rank</h2><ul class="fixes" id="fixes">')
         for rank, items in fixes:
-            for f, fix in items:
-                sev = str(f.get("severity", "info"))
-                tag = f"{f.get('kind')}, {sev}"
-                speed = f.get("predicted_speedup")
-                if isinstance(speed, (int, float)) and speed >= 1.02:
-                    tag += f", predicted {speed:.1f}x"
+            # Each fix once, with every finding it answers (two findings often name one fix).
+            for fix, answered in items:
+                sev = max((str(f.get("severity", "info")) for f in answered), key=_severity_rank)
+                tags = []
+                for f in answered:
+                    tag = f"{f.get('kind')}, {f.get('severity', 'info')}"
+                    speed = f.get("predicted_speedup")
+                    if isinstance(speed, (int, float)) and speed >= 1.02:
+                        tag += f", predicted {speed:.1f}x"
+                    tags.append(tag)
                 out.append(
                     f'<li class="sev-{_e(sev)}" data-rank="{rank}"><b>rank {rank}</b>: '
-                    f'{_e(fix)} <span class="muted">({_e(tag)})</span></li>'
+                    f'{_e(fix)} <span class="muted">({_e("; ".join(tags))})</span></li>'
                 )
         out.append("</ul>")
     elif any(_level(f) >= 1 for f in findings):
@@ -518,17 +522,23 @@ def _verdict_section(
 
 def fixes_by_rank(
     findings: Sequence[Mapping[str, Any]],
-) -> list[tuple[int, list[tuple[Mapping[str, Any], str]]]]:
-    """Every fix of every finding, grouped by rank (ranks in order, most severe finding first)."""
-    grouped: dict[int, list[tuple[Mapping[str, Any], str]]] = {}
+) -> list[tuple[int, list[tuple[str, list[Mapping[str, Any]]]]]]:
+    """Every rank's fixes, each fix once with the findings it answers (ranks in order; fixes in
+    the order of the first finding that gives them, most severe first as findings come)."""
+    grouped: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
     for f in findings:
         for key, fix in (f.get("fixes") or {}).items():
             try:
                 rank = int(key)
             except (TypeError, ValueError):
                 continue
-            grouped.setdefault(rank, []).append((f, str(fix)))
-    return sorted(grouped.items())
+            grouped.setdefault(rank, {}).setdefault(str(fix), []).append(f)
+    return [(rank, list(by_fix.items())) for rank, by_fix in sorted(grouped.items())]
+
+
+def _severity_rank(severity: str) -> int:
+    order = ("info", "warning", "critical")
+    return order.index(severity) if severity in order else 0
 
 
 def _plot_section(key: str, title: str, present: bool, missing: str) -> str:

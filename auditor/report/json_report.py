@@ -10,7 +10,7 @@ Schema ``auditor.report/v1``::
                 "window_steps", "step_s", "data_wait_s", "h2d_s", "forward_s", "backward_s",
                 "optimizer_s", "collective_wait_s", "compute_s", "data_wait_ratio", "busy_ratio",
                 "batch_size", "samples_per_s", "main_cpu", "worker_cpu", "workers",
-                "loader", "memory": {"rss_bytes", "allocated_bytes", "peak_bytes"},
+                "loader", "memory": {"rss_bytes", "allocated_bytes", "peak_bytes", "budget"},
                 "unmeasured", "ended"}],
      "findings": [Finding.to_dict(), ...],
      "notes": [str, ...]}
@@ -18,7 +18,12 @@ Schema ``auditor.report/v1``::
 Conventions follow :mod:`auditor.samples`: seconds, bytes, cores, ratios in 0..1, and ``null``
 for anything not measured (never 0). ``job.hosts`` maps each host name to its ranks.
 Per-step timings are medians over the snapshot's window (``window_steps`` steps); ``steps``
-counts every step seen over the whole run.
+counts every step seen over the whole run. ``memory.budget`` is the rank's measured budget
+(``auditor.probe.memory``; null where the probe sent none): ``param_bytes`` (and
+``param_bytes_by_dtype``), ``grad_bytes``, ``optimizer_bytes`` (and ``optimizer_bytes_by_kind``),
+``buffer_bytes``, ``fixed_bytes`` (their sum), ``other_module_bytes`` (modules outside the
+model), ``activation_bytes_per_step`` and ``activation_bytes_per_sample`` (one sampled forward),
+``device_total_bytes``, ``host_total_bytes``, ``host_available_bytes`` and ``local_ranks``.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ RANK_KEYS = (
     "unmeasured",
     "ended",
 )
-MEMORY_KEYS = ("rss_bytes", "allocated_bytes", "peak_bytes")
+MEMORY_KEYS = ("rss_bytes", "allocated_bytes", "peak_bytes", "budget")
 TOP_KEYS = ("schema", "generated_at", "job", "ranks", "findings", "notes")
 
 
@@ -227,9 +232,41 @@ def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any
                     default=None,
                 )
             ),
+            "budget": _budget(view),
         },
         "unmeasured": list(info.unmeasured),
         "ended": bool(view.ended),
+    }
+
+
+def _budget(view: RankView) -> dict[str, Any] | None:
+    """The rank's measured memory budget, parts first, then what it runs on."""
+    b = view.memory
+    if b is None:
+        return None
+    per = b.activations_per_sample
+    return {
+        "measured_at_step": b.step,
+        "optimizer": b.optimizer,
+        "param_count": b.param_count,
+        "param_bytes": b.param_bytes,
+        "param_bytes_by_dtype": dict(b.param_bytes_by_dtype),
+        "grad_bytes": b.grad_bytes,
+        "optimizer_bytes": b.optimizer_bytes,
+        "optimizer_bytes_by_kind": dict(b.optimizer_bytes_by_kind),
+        "buffer_bytes": b.buffer_bytes,
+        "fixed_bytes": b.fixed_bytes,
+        "other_module_bytes": b.other_module_bytes,
+        "activation_bytes_per_step": b.activation_bytes,
+        "activation_batch": b.activation_batch,
+        "activation_bytes_per_sample": None if per is None else round(per, 1),
+        "activations_every": b.activations_every,
+        "sharded": b.sharded,
+        "per_device": dict(b.per_device),
+        "device_total_bytes": b.device_total_bytes,
+        "host_total_bytes": b.host_total_bytes,
+        "host_available_bytes": b.host_available_bytes,
+        "local_ranks": b.local_ranks,
     }
 
 

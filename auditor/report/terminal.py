@@ -134,7 +134,12 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
     def emit(text: str, indent: str = "", cont: str = "    ") -> None:
         out.extend(wrap(text, indent=indent, cont=indent + cont))
 
-    if serious:
+    dead = [d for d in job.get("dead_ranks") or () if isinstance(d, Mapping) and d.get("first")]
+    if dead:
+        # A rank that died mid-run is the first thing to know, whatever the rules found before.
+        what = "; ".join(_dead_text(d) for d in dead)
+        out.extend(_paint(x, "critical", color) for x in wrap(f"Verdict: {what}", cont="    "))
+    elif serious:
         top = _headline_finding(serious)
         blamed = [int(r) for r in top.get("ranks") or ()]
         tag = f"({top.get('kind')}, {top.get('severity')})"
@@ -171,6 +176,9 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
             emit(f"The command exited with code {code}.")
     if job.get("interrupted"):
         emit("The run was interrupted: the report covers it up to that point.")
+    nodes = [n for n in job.get("nodes") or () if isinstance(n, Mapping)]
+    if nodes:
+        emit("Nodes: " + ", ".join(_node_text(n) for n in nodes))
 
     for f in findings:
         out.append("")
@@ -192,6 +200,21 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
         for note in notes:
             emit(f"Note: {note}")
     return "\n".join(out)
+
+
+def _dead_text(d: Mapping[str, Any]) -> str:
+    node = f" on {d['node']}" if d.get("node") else ""
+    last = d.get("last_step")
+    when = "before its first step" if last is None else f"after step {last}"
+    status = d.get("exit_status")
+    how = f"exit status {status}" if status is not None else "exit status unknown"
+    return f"rank {d.get('rank')}{node} died {when} ({how})"
+
+
+def _node_text(n: Mapping[str, Any]) -> str:
+    ranks = [int(r) for r in n.get("ranks") or ()]
+    held = f" ({ranks_text(ranks)})" if ranks else ""
+    return f"{n.get('node')} {n.get('state')}{held}"
 
 
 def _finding_lines(f: Mapping[str, Any], color: bool) -> list[str]:

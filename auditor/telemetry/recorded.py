@@ -1,7 +1,7 @@
 """Recordings: a versioned JSON-lines file of everything a run saw, and its replay.
 
-Format ``auditor.recording/v1``: the first line is a header object
-``{"schema": "auditor.recording/v1", "created": <epoch s>, "job": ..., "meta": {...}}``; every
+Format ``auditor.recording/v2``: the first line is a header object
+``{"schema": "auditor.recording/v2", "created": <epoch s>, "job": ..., "meta": {...}}``; every
 other line is one record with a ``"t"`` type:
 
 * ``{"t": "rank", "info": {RankInfo}}``            a rank's identity (repeated when it changes)
@@ -10,6 +10,12 @@ other line is one record with a ``"t"`` type:
 * ``{"t": "node", ...NodeCpu fields}``             a node's CPU
 * ``{"t": "device", ...DeviceSample fields}``      one NVML read of one GPU
 * ``{"t": "ended", "rank": r}``                    a rank's connection closed
+* ``{"t": "memory", ...MemoryBudget fields}``      a rank's measured memory budget (when it
+  changed; readers that predate it skip it)
+
+v2 differs from v1 in one meaning: a step's ``backward_s`` excludes the collective wait (the
+phases are exclusive, see :class:`~auditor.samples.StepSample`); v1 steps counted it inside
+``backward_s``, and the reader takes it out, so both read the same.
 
 Readers skip record types they do not know (newer writers may add some). A malformed or
 truncated line is reported with its line number and skipped: whatever is readable is kept.
@@ -26,9 +32,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import (
+    Batch,
+    DeviceSample,
+    MemoryBudget,
+    NodeCpu,
+    ProcessCpu,
+    RankInfo,
+    StepSample,
+)
 
-SCHEMA = "auditor.recording/v1"
+SCHEMA = "auditor.recording/v2"
+# v1: ``backward_s`` included the collective wait (converted on read).
+SCHEMA_V1 = "auditor.recording/v1"
+SCHEMAS = (SCHEMA, SCHEMA_V1)
 
 
 class RecordingError(ValueError):
@@ -62,6 +79,8 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
         yield {"t": "device", **d.to_dict()}
     for r in batch.ended:
         yield {"t": "ended", "rank": r}
+    for m in batch.memory:
+        yield {"t": "memory", **m.to_dict()}
 
 
 def _single(row: dict[str, Any], field: str) -> dict[str, Any]:
@@ -130,6 +149,7 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
     nodes: list[NodeCpu] = []
     devices: list[DeviceSample] = []
     ended: list[int] = []
+    memory: list[MemoryBudget] = []
     problems: list[str] = []
     header: dict[str, Any] | None = None
     with f:
@@ -150,7 +170,7 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
                 problems.append(f"{p}:{lineno}: {what}")
                 continue
             if header is None:
-                if rec.get("schema") != SCHEMA:
+                if rec.get("schema") not in SCHEMAS:
                     raise RecordingError(
                         f"{p}:{lineno}: not an auditor recording (schema {rec.get('schema')!r}, "
                         f"expected {SCHEMA!r})"
@@ -164,7 +184,10 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
                     info = RankInfo.from_dict(body["info"])
                     infos[info.rank] = info
                 elif kind == "step":
-                    steps.append(StepSample(**body))
+                    step = StepSample(**body)
+                    if header.get("schema") == SCHEMA_V1:
+                        step = step.with_wait_out_of_backward()
+                    steps.append(step)
                 elif kind == "process":
                     procs.append(ProcessCpu.from_dict(body))
                 elif kind == "node":
@@ -173,6 +196,8 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
                     devices.append(DeviceSample.from_dict(body))
                 elif kind == "ended":
                     ended.append(int(body["rank"]))
+                elif kind == "memory":
+                    memory.append(MemoryBudget.from_dict(body))
                 # Unknown types: a newer writer; skip silently.
             except (KeyError, TypeError, ValueError) as exc:
                 problems.append(f"{p}:{lineno}: bad {rec.get('t')!r} record ({exc})")
@@ -185,5 +210,6 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
         nodes=tuple(nodes),
         devices=tuple(devices),
         ended=tuple(ended),
+        memory=tuple(memory),
     )
     return Recording(header=header, batch=batch, problems=problems)

@@ -8,8 +8,7 @@ from auditor.analysis.advisor import comm_floor, fmt_ms, fmt_pct, job_step_s, pr
 from auditor.analysis.findings import Finding, severity_for
 from auditor.analysis.rules.common import peer_median, ranks_text, ready, with_expectation
 from auditor.analysis.stats import RankStats
-
-from .builders import JobBuilder, RankSpec
+from tests.helpers.jobs import JobBuilder, RankSpec
 
 
 def _rs(rank: int, step_s: float, wait: float | None, steps: int = 10) -> RankStats:

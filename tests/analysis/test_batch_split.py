@@ -8,8 +8,7 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import batch_split
 from auditor.analysis.rules.batch_split import equalising_split
-
-from .builders import JobBuilder, RankSpec, balanced, ddp_snapshot, uneven_batch
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced, ddp_snapshot, uneven_batch
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -68,11 +67,13 @@ def test_other_rules_leave_the_split_to_batch_split() -> None:
             id="small-ratio",
         ),
         # Rank 1 is twice as fast per sample (a faster GPU) and already gets twice the batch:
-        # the split already equalises work, nothing to blame.
+        # the split equalises work, but under DDP each sample of the other ranks still counts
+        # twice one of rank 1 and the epochs end at different steps (issue 11: blamed whatever
+        # the speed effect; before, nothing was found).
         pytest.param(
             [RankSpec(), RankSpec(batch_size=64), RankSpec(), RankSpec()],
             {},
-            (),
+            (1,),
             id="proportional-to-speed",
         ),
         pytest.param(balanced(4, batch_size=None), {}, (), id="batch-unknown"),

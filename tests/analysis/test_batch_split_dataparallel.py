@@ -10,9 +10,8 @@ from auditor.analysis import analyze
 from auditor.analysis.rules import batch_split
 from auditor.analysis.snapshot import Snapshot
 from auditor.samples import Batch
-
-from .builders import JobBuilder, RankSpec
-from .gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, RankSpec
 
 
 def dp_batch(batch: int, n: int = 4, *, gpus: bool = True, steps: int = 24) -> Snapshot:

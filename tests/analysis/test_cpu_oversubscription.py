@@ -9,8 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import cpu_oversubscription
-
-from .builders import NodeSpec, RankSpec, balanced, ddp_snapshot, oversubscribed_2core
+from tests.helpers.jobs import NodeSpec, RankSpec, balanced, ddp_snapshot, oversubscribed_2core
 
 
 def _only(findings: list[Finding]) -> Finding:

@@ -10,8 +10,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import data_starvation
-
-from .builders import NodeSpec, balanced, ddp_snapshot, starved_rank3, with_rank
+from tests.helpers.jobs import NodeSpec, balanced, ddp_snapshot, starved_rank3, with_rank
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -197,23 +196,30 @@ def test_silent_below_min_steps() -> None:
 
 
 @pytest.mark.parametrize(
-    ("busy", "raises"),
+    ("worker_cpu", "busy", "raises"),
     [
-        # 8 workers at 0.09 cores each on a saturated host: CPU-bound workers sharing what little
-        # is left, not I/O-bound ones. More of them would only oversubscribe the host.
-        pytest.param(16.0, False, id="saturated-host"),
+        # 8 workers at 0.45 cores each on a saturated 16-core host where 30 job processes
+        # compete: a CPU-bound process gets 16 / 30 = 0.53 cores, and these use 84% of that.
+        # CPU-bound workers sharing what little is left: more would only oversubscribe the host.
+        pytest.param(0.45, 16.0, False, id="cpu-bound-saturated-host"),
+        # 0.09 cores each on the same saturated host is 17% of the 0.53 a CPU-bound worker
+        # would get: they wait on storage, and more of them need memory, not cores. (Before
+        # issue 11 the saturated host alone refused any raise.)
+        pytest.param(0.09, 16.0, True, id="io-bound-saturated-host"),
         # The same low CPU per worker with 8 idle cores: they wait on storage; more help.
-        pytest.param(8.0, True, id="idle-cores"),
+        pytest.param(0.09, 8.0, True, id="io-bound-idle-cores"),
     ],
 )
-def test_low_cpu_per_worker_means_io_bound_only_with_cores_to_spare(
-    busy: float, raises: bool
+def test_low_cpu_per_worker_is_io_bound_when_well_under_the_fair_share(
+    worker_cpu: float, busy: float, raises: bool
 ) -> None:
-    specs = starved_rank3(num_workers=8, worker_cpu=0.09)
+    specs = starved_rank3(num_workers=8, worker_cpu=worker_cpu)
     snap = ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=16, busy_cores=busy)})
     f = _only(data_starvation.detect(snap))
     m = re.match(r"num_workers (\d+) -> (\d+)", f.fixes[3])
     if raises:
         assert m is not None and int(m.group(2)) > 8, f.fixes[3]
+        assert f.evidence["per_rank"]["3"]["loading"]["kind"] == "io"
     else:
         assert m is None and "no free CPU" in f.fixes[3], f.fixes[3]
+        assert f.evidence["per_rank"]["3"]["loading"]["kind"] == "cpu"

@@ -12,9 +12,8 @@ from auditor.analysis.rules import dataparallel_gather
 from auditor.analysis.rules.dataparallel_gather import balanced_chunks, torch_chunks
 from auditor.analysis.snapshot import Snapshot
 from auditor.samples import Batch
-
-from .builders import JobBuilder, RankSpec, balanced
-from .gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
 
 def dp_snapshot(

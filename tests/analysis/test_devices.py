@@ -15,9 +15,8 @@ from auditor.analysis.devices import (
 )
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.samples import Batch, DeviceSample, GpuProcess, RankInfo
-
-from .builders import JobBuilder, balanced
-from .gpus import GIB, H100_TOTAL, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GIB, H100_TOTAL, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, balanced
 
 
 def _snap(infos: list[RankInfo], devices: list[DeviceSample]) -> Snapshot:

@@ -9,9 +9,8 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import hardware_straggler
 from auditor.analysis.snapshot import Snapshot
-
-from .builders import JobBuilder, RankSpec, balanced
-from .gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
 HOT = GpuSpec(throttle=("sw_thermal_slowdown",), sm_clock=1400.0, temperature=88.0, util=0.99)
 SLOW = RankSpec().scaled(1.4)  # 140 ms of compute against 100 ms

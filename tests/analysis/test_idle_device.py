@@ -10,9 +10,8 @@ from auditor.analysis import analyze
 from auditor.analysis.rules import idle_device
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.samples import Batch, GpuProcess
-
-from .builders import JobBuilder, balanced
-from .gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, balanced
 
 MIB = 1024**2
 FREE = GpuSpec(util=0.0, mem_used=4 * MIB, processes=(), throttle=("gpu_idle",))

@@ -9,9 +9,8 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules import memory_headroom
 from auditor.analysis.rules.memory_headroom import fit_memory
 from auditor.analysis.snapshot import SampleStore, Snapshot
-
-from .builders import JobBuilder, RankSpec, balanced
-from .gpus import GIB, H100_TOTAL, GpuSpec, MemoryStore, attach_gpus, batch_at
+from tests.helpers.gpus import GIB, H100_TOTAL, GpuSpec, MemoryStore, attach_gpus, batch_at
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
 TOTAL_GIB = H100_TOTAL / GIB  # 79.65
 

@@ -8,9 +8,9 @@ from auditor.analysis import analyze
 from auditor.analysis.rules import dataparallel_gather, memory_imbalance
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.samples import Batch, GpuProcess, RankInfo, StepSample
+from tests.helpers.gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
-from .builders import JobBuilder, RankSpec, balanced
-from .gpus import GIB, GpuSpec, attach_gpus, uuid_of
 from .test_dataparallel_gather import dp_snapshot
 
 

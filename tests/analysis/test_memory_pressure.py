@@ -9,9 +9,9 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import memory_pressure
 from auditor.analysis.snapshot import Snapshot
+from tests.helpers.gpus import GIB, H100_TOTAL, GpuSpec, attach_gpus
+from tests.helpers.jobs import JobBuilder, balanced
 
-from .builders import JobBuilder, balanced
-from .gpus import GIB, H100_TOTAL, GpuSpec, attach_gpus
 from .test_memory_headroom import ramp
 
 MIB = 1024**2

@@ -6,8 +6,7 @@ import pytest
 
 from auditor.analysis.snapshot import SampleStore
 from auditor.samples import Batch, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
-
-from .builders import JobBuilder, RankSpec, balanced
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
 
 def _step(rank: int, t: float, step_s: float = 0.1, **kw: float | int | None) -> StepSample:
@@ -204,11 +203,13 @@ def test_step_compute_excludes_data_and_collective_wait() -> None:
         data_wait_s=0.05,
         h2d_s=0.01,
         forward_s=0.03,
-        backward_s=0.09,
+        backward_s=0.05,
         optimizer_s=0.01,
         collective_wait_s=0.04,
     )
-    assert s.compute_s == pytest.approx(0.01 + 0.03 + (0.09 - 0.04) + 0.01)
+    # Exclusive phases: backward_s holds no collective wait; the rest of the step is other.
+    assert s.compute_s == pytest.approx(0.01 + 0.03 + 0.05 + 0.01)
+    assert s.other_s == pytest.approx(0.2 - 0.05 - 0.10 - 0.04)
     assert StepSample.from_row(s.to_row()) == s
     unmeasured = StepSample(rank=0, step=0, time=0.0, step_s=0.2, backward_s=0.09)
     assert unmeasured.compute_s == pytest.approx(0.09)
@@ -305,7 +306,8 @@ def test_builder_models_the_ddp_barrier() -> None:
         assert min(waits) == waits[1]
         for s in steps:
             own = s.data_wait_s + s.h2d_s + s.forward_s + s.backward_s + s.optimizer_s
-            assert own == pytest.approx(s.step_s)
+            assert own + (s.collective_wait_s or 0.0) == pytest.approx(s.step_s)
+            assert s.other_s == pytest.approx(0.0, abs=1e-9)
 
 
 def test_one_sample_fast_path_matches_the_general_statistics() -> None:

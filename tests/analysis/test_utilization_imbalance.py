@@ -16,8 +16,7 @@ from auditor.analysis.rules import (
     utilization_imbalance,
 )
 from auditor.analysis.snapshot import Snapshot
-
-from .builders import RankSpec, balanced, ddp_snapshot
+from tests.helpers.jobs import RankSpec, balanced, ddp_snapshot
 
 # Busy 50%: 50 ms of compute in a 100 ms step (6 ms data wait, 4 ms comm, 40 ms waiting for the
 # slow rank). Busy 90%: 90 ms of compute in the same 100 ms step.

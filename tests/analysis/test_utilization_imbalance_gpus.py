@@ -7,9 +7,8 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import data_starvation, utilization_imbalance
 from auditor.analysis.snapshot import Snapshot
-
-from .builders import JobBuilder, RankSpec, balanced, starved_rank3, with_rank
-from .gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced, starved_rank3, with_rank
 
 
 def with_gpus(specs: list[RankSpec], utils: list[float]) -> Snapshot:

@@ -8,7 +8,7 @@ import shutil
 import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +18,7 @@ from auditor.cluster.agent import NodeAgentCore
 from auditor.probe.sink import encode, step_message
 from auditor.samples import Batch, LoaderConfig, RankInfo, StepSample
 from auditor.telemetry.host import HostSampler
+from tests.helpers.waiting import wait_for
 from tests.probe import short_dir
 from tests.telemetry import ProcTable
 
@@ -78,15 +79,6 @@ class Drained:
 
     def all(self, field: str) -> list:  # type: ignore[type-arg]
         return [x for b in self.batches for x in getattr(b, field)]
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -176,7 +168,7 @@ def test_drain_returns_infos_steps_process_and_node_cpu(agent: NodeAgentCore) ->
                 and any(p.rank == 1 for p in cpu)
             )
 
-        assert wait_for(complete)
+        wait_for(complete)
     assert {i.rank: i.pid for i in got.all("infos")} == {0: 100, 1: 200}
     assert sorted((s.rank, s.step) for s in got.all("steps")) == [
         (0, 0),
@@ -193,7 +185,7 @@ def test_drain_returns_infos_steps_process_and_node_cpu(agent: NodeAgentCore) ->
     assert node.host == NODE and node.cores == 4.0
     assert node.busy_cores == pytest.approx(2.0) and node.load1 == 1.25
     # both connections closed: both ranks ended, and the agent stops sampling them
-    assert wait_for(lambda: set(got.poll().all("ended")) == {0, 1})
+    wait_for(lambda: set(got.poll().all("ended")) == {0, 1})
     time.sleep(0.25)
     assert got.poll().batches[-1].processes == ()
 
@@ -203,8 +195,8 @@ def test_metrics_endpoint_serves_the_ranks_and_findings(agent: NodeAgentCore) ->
     rank0 = {"job": JOB, "node": NODE, "rank": "0", "local_rank": "0"}
     with connect(agent) as r0:
         r0.sendall(hello(0, 100) + steps(0, 4))
-        assert wait_for(lambda: value(scrape(url), "auditor_rank_steps_total", **rank0) == 4)
-        assert wait_for(
+        wait_for(lambda: value(scrape(url), "auditor_rank_steps_total", **rank0) == 4)
+        wait_for(
             lambda: (
                 value(scrape(url), "auditor_rank_cpu_cores", process="main", **rank0) is not None
             )
@@ -242,7 +234,7 @@ def test_metrics_endpoint_serves_the_ranks_and_findings(agent: NodeAgentCore) ->
         assert value(scrape(url), "auditor_finding", node=NODE, **labels) == 1
         agent.set_findings([])
         assert value(scrape(url), "auditor_finding", node=NODE, **labels) is None
-    assert wait_for(lambda: value(scrape(url), "auditor_rank_up", **rank0) == 0)
+    wait_for(lambda: value(scrape(url), "auditor_rank_up", **rank0) == 0)
 
 
 def test_no_metrics_port_means_no_endpoint(sink_dir: str, table: ProcTable) -> None:
@@ -265,7 +257,7 @@ def test_rank_drained_before_the_host_sample_is_still_sampled(
         got = Drained(a)
         with connect(a) as r0:
             r0.sendall(hello(0, 100))
-            assert wait_for(lambda: bool(got.poll().all("infos")))
+            wait_for(lambda: bool(got.poll().all("infos")))
             a._sample_once()  # what the sampling loop does each interval
             a._sample_once()
             assert [p.rank for p in a.drain().processes] == [0, 0]

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.metrics import catalog as C
-from tests.cluster.gpus import gpu_uuid, write_gpus
+from tests.helpers.gpus import gpu_uuid, write_gpus
+from tests.helpers.waiting import wait_for
 from tests.tmproot import ray_temp_dir
 
 ray = pytest.importorskip("ray")
@@ -38,17 +39,6 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 GPUS = {"node-a": 2, "node-b": 2, "node-c": 2}
 NAMESPACE = "auditor-fleet-tests"
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 60.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {pred.__name__}")
-        time.sleep(every)
 
 
 def fetch(url: str) -> str:
@@ -195,11 +185,12 @@ def test_one_monitor_per_gpu_each_on_its_node(env: Env, fleet: Any) -> None:
 def test_endpoints_serve_catalog_series_clean_under_promtool(env: Env, fleet: Any) -> None:
     for name, d in by_name(fleet).items():
         uuids = set(d.monitors)
-        wait_until(
+        wait_for(
             lambda d=d, uuids=uuids: all(
                 gpu_value(d.metrics_url, "auditor_gpu_up", u) == 1 for u in uuids
             ),
             timeout=60,
+            every=0.1,
         )
         check_endpoint(d.metrics_url, name, uuids)
     assert env.sd_nodes() == {
@@ -213,7 +204,7 @@ def test_killed_monitor_is_restarted_and_the_gap_shows(env: Env, fleet: Any) -> 
     url = d.metrics_url
     handle = d.monitors[victim]
     before = ray.get(handle.info.remote(), timeout=60)
-    wait_until(lambda: gpu_value(url, "auditor_gpu_up", victim) == 1)
+    wait_for(lambda: gpu_value(url, "auditor_gpu_up", victim) == 1, timeout=60, every=0.1)
     ts_before = gpu_value(url, "auditor_gpu_last_sample_timestamp_seconds", victim)
     assert ts_before is not None
 
@@ -223,13 +214,13 @@ def test_killed_monitor_is_restarted_and_the_gap_shows(env: Env, fleet: Any) -> 
         series = gpu_series(fetch(url))
         return series if series.get(("auditor_gpu_up", victim, "")) == 0 else None
 
-    down_seen = wait_until(down, timeout=30, every=0.05)
+    down_seen = wait_for(down, timeout=30, every=0.05)
     ts_down = down_seen[("auditor_gpu_last_sample_timestamp_seconds", victim, "")]
     assert ts_down >= ts_before  # kept, not dropped, while the monitor is gone
     assert ("auditor_gpu_utilization_ratio", victim, "") not in down_seen  # not read as idle
     assert down_seen[("auditor_gpu_up", other, "")] == 1  # its neighbour is unaffected
 
-    wait_until(lambda: gpu_value(url, "auditor_gpu_up", victim) == 1, timeout=60)
+    wait_for(lambda: gpu_value(url, "auditor_gpu_up", victim) == 1, timeout=60, every=0.1)
     ts_after = gpu_value(url, "auditor_gpu_last_sample_timestamp_seconds", victim)
     assert ts_after is not None and ts_after > ts_down
     after = ray.get(handle.info.remote(), timeout=60)  # the same handle: Ray restarted it
@@ -239,16 +230,17 @@ def test_killed_monitor_is_restarted_and_the_gap_shows(env: Env, fleet: Any) -> 
 
 def test_node_that_joins_gets_agent_monitors_and_sd_entry(env: Env, fleet: Any) -> None:
     env.node_c = env.cluster.add_node(**node_args(env.temp, "node-c"))
-    wait_until(lambda: "node-c" in env.sd_nodes(), timeout=90, every=0.25)
+    wait_for(lambda: "node-c" in env.sd_nodes(), timeout=90, every=0.25)
     d = by_name(fleet)["node-c"]
     assert d.node_id == env.node_c.node_id
     assert set(d.monitors) == {gpu_uuid("node-c", 0), gpu_uuid("node-c", 1)}
     for handle in d.monitors.values():
         assert ray.get(handle.info.remote(), timeout=60)["ray_node_id"] == d.node_id
     assert env.sd_nodes()["node-c"] == d.metrics_url.split("//")[1].split("/")[0]
-    wait_until(
+    wait_for(
         lambda: all(gpu_value(d.metrics_url, "auditor_gpu_up", u) == 1 for u in d.monitors),
         timeout=60,
+        every=0.1,
     )
     check_endpoint(d.metrics_url, "node-c", set(d.monitors))
 
@@ -256,7 +248,7 @@ def test_node_that_joins_gets_agent_monitors_and_sd_entry(env: Env, fleet: Any) 
 def test_node_that_leaves_is_dropped(env: Env, fleet: Any) -> None:
     assert env.node_c is not None, "runs after the node-c test"
     env.cluster.remove_node(env.node_c)
-    wait_until(lambda: set(env.sd_nodes()) == {"node-a", "node-b"}, timeout=90, every=0.25)
+    wait_for(lambda: set(env.sd_nodes()) == {"node-a", "node-b"}, timeout=90, every=0.25)
     assert set(by_name(fleet)) == {"node-a", "node-b"}
 
 
@@ -264,7 +256,7 @@ def test_fleet_command_runs_until_sigterm_and_removes_its_actors(env: Env, fleet
     fleet.stop()  # the in-process fleet goes first: one monitor per GPU at any time
     assert env.sd_nodes() == {} and json.loads(env.sd.read_text()) == []
     gone = f"auditor-fleet-gpu-{gpu_uuid('node-a', 0)}"
-    wait_until(lambda: _actor_gone(gone, NAMESPACE), timeout=30)
+    wait_for(lambda: _actor_gone(gone, NAMESPACE), timeout=30, every=0.1)
 
     sd = env.sd.parent / "cli.json"
     cmd = [
@@ -281,14 +273,14 @@ def test_fleet_command_runs_until_sigterm_and_removes_its_actors(env: Env, fleet
         text=True,
     )
     try:
-        targets = wait_until(
+        targets = wait_for(
             lambda: env.sd_nodes(sd) if set(env.sd_nodes(sd)) == {"node-a", "node-b"} else None,
             timeout=120,
             every=0.25,
         )
         uuid = gpu_uuid("node-a", 1)
         url = f"http://{targets['node-a']}/metrics"
-        wait_until(lambda: gpu_value(url, "auditor_gpu_up", uuid) == 1, timeout=60)
+        wait_for(lambda: gpu_value(url, "auditor_gpu_up", uuid) == 1, timeout=60, every=0.1)
         assert ray.get_actor(f"auditor-fleet-gpu-{uuid}", namespace="auditor") is not None
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -301,7 +293,7 @@ def test_fleet_command_runs_until_sigterm_and_removes_its_actors(env: Env, fleet
     assert json.loads(sd.read_text()) == []
     with pytest.raises(OSError):
         fetch(url)
-    wait_until(lambda: _actor_gone(f"auditor-fleet-gpu-{uuid}", "auditor"), timeout=30)
+    wait_for(lambda: _actor_gone(f"auditor-fleet-gpu-{uuid}", "auditor"), timeout=30, every=0.1)
 
 
 def _actor_gone(name: str, namespace: str) -> bool:

@@ -10,7 +10,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from auditor.cluster.intake import RankIntake
 from auditor.probe.sink import encode, step_message
 from auditor.samples import Batch, RankInfo, StepSample
+from tests.helpers.waiting import wait_for
 from tests.probe import short_dir
 
 
@@ -47,15 +48,6 @@ class Collected:
         self.steps.extend(b.steps)
         self.ended.update(b.ended)
         return self
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 @pytest.fixture
@@ -121,7 +113,7 @@ def test_many_ranks_concurrently_with_lines_split_anywhere(intake: RankIntake) -
         t.join()
     assert not errors
     got = Collected(intake)
-    assert wait_for(lambda: len(got.poll().ended) == ranks)
+    wait_for(lambda: len(got.poll().ended) == ranks)
     assert set(got.infos) == set(range(ranks))
     assert all(got.infos[r].pid == 1000 + r for r in range(ranks))
     for r in range(ranks):
@@ -136,14 +128,14 @@ def test_partial_line_waits_for_its_end(intake: RankIntake) -> None:
     with connect(intake.path) as s:
         cut = len(data) - 10
         s.sendall(data[:cut])
-        assert wait_for(lambda: 3 in got.poll().infos)
+        wait_for(lambda: 3 in got.poll().infos)
         time.sleep(0.1)  # the intake has read the cut line by now
         assert got.poll().steps == []
         s.sendall(data[cut:])
-        assert wait_for(lambda: len(got.poll().steps) == 2)
+        wait_for(lambda: len(got.poll().steps) == 2)
         for b in steps(3, 2, 1):  # one byte per send
             s.send(bytes([b]))
-        assert wait_for(lambda: len(got.poll().steps) == 3)
+        wait_for(lambda: len(got.poll().steps) == 3)
     assert intake.bad_lines == 0
 
 
@@ -151,7 +143,7 @@ def test_last_line_without_newline_is_read_at_end_of_file(intake: RankIntake) ->
     got = Collected(intake)
     with connect(intake.path) as s:
         s.sendall(hello(1) + steps(1, 0, 1).rstrip(b"\n"))
-    assert wait_for(lambda: 1 in got.poll().ended)
+    wait_for(lambda: 1 in got.poll().ended)
     assert [s.step for s in got.steps] == [0]
     assert intake.bad_lines == 0
 
@@ -163,7 +155,7 @@ def test_unknown_message_type_is_counted_as_bad(intake: RankIntake) -> None:
         s.sendall(encode({"type": "telemetry-v9", "x": 1}))
         s.sendall(encode({"no_type": True}))
         s.sendall(steps(0, 0, 3))
-    assert wait_for(lambda: 0 in got.poll().ended)
+    wait_for(lambda: 0 in got.poll().ended)
     assert intake.bad_lines == 2
     assert len(got.steps) == 3
 
@@ -179,7 +171,7 @@ def test_malformed_fields_are_counted_and_the_connection_goes_on(intake: RankInt
         s.sendall(b'{"type":"workers","pids":["x"]}\n')
         s.sendall(b"\xff\xfe garbage\n")
         s.sendall(steps(0, 0, 1))
-    assert wait_for(lambda: 0 in got.poll().ended)
+    wait_for(lambda: 0 in got.poll().ended)
     assert intake.bad_lines == 6
     assert len(got.steps) == 1
 
@@ -191,7 +183,7 @@ def test_json_that_is_not_an_object_is_counted_as_bad(intake: RankIntake) -> Non
         s.sendall(hello(0))
         s.sendall(b"[1,2]\n42\nnull\n")
         s.sendall(steps(0, 0, 1))
-    assert wait_for(lambda: 0 in got.poll().ended, timeout=2)
+    wait_for(lambda: 0 in got.poll().ended, timeout=2)
     assert intake.bad_lines == 3
     assert len(got.steps) == 1
 
@@ -205,7 +197,7 @@ def test_workers_are_reported_for_the_connection_rank(
         s.sendall(hello(5, pid=777))
         s.sendall(encode({"type": "workers", "pids": [801, 802]}))
         s.sendall(encode({"type": "bye"}))
-    assert wait_for(lambda: 5 in got.poll().ended)
+    wait_for(lambda: 5 in got.poll().ended)
     assert workers_seen == [(5, 777, (801, 802))]
     assert intake.bad_lines == 0
 
@@ -214,10 +206,10 @@ def test_info_updates_replace_the_rank_info(intake: RankIntake) -> None:
     got = Collected(intake)
     with connect(intake.path) as s:
         s.sendall(hello(0))
-        assert wait_for(lambda: 0 in got.poll().infos)
+        wait_for(lambda: 0 in got.poll().infos)
         info = RankInfo(rank=0, world_size=16, pid=1000, parallel_mode="ddp", unmeasured=("h2d",))
         s.sendall(encode({"type": "info", "info": info.to_dict()}))
-        assert wait_for(lambda: got.poll().infos[0].parallel_mode == "ddp")
+        wait_for(lambda: got.poll().infos[0].parallel_mode == "ddp")
     assert got.infos[0].unmeasured == ("h2d",)
     assert intake.infos[0].parallel_mode == "ddp"
 
@@ -226,7 +218,7 @@ def test_a_rank_that_reconnects_is_not_ended(intake: RankIntake) -> None:
     old = connect(intake.path)
     old.sendall(hello(4))
     got = Collected(intake)
-    assert wait_for(lambda: 4 in got.poll().infos)
+    wait_for(lambda: 4 in got.poll().infos)
     old.close()
     time.sleep(0.2)  # the intake sees the end, but nobody drained yet
     with connect(intake.path) as new:
@@ -242,6 +234,20 @@ def test_stop_twice_is_harmless(path: str) -> None:
     i.start()
     i.stop()
     i.stop()
+    # Stopped: the socket file is gone and nothing listens there any more...
+    assert not os.path.exists(path)
+    with pytest.raises(OSError), connect(path):
+        pass
+    # ...and a new intake takes the same path and hears a rank.
+    again = RankIntake(path)
+    again.start()
+    try:
+        with connect(path) as s:
+            s.sendall(hello(1))
+            got = Collected(again)
+            wait_for(lambda: 1 in got.poll().infos, what="rank 1's hello at the new intake")
+    finally:
+        again.stop()
 
 
 def test_several_jobs_keep_their_ranks_apart(path: str) -> None:
@@ -267,7 +273,7 @@ def test_several_jobs_keep_their_ranks_apart(path: str) -> None:
             all_steps.extend(b.steps)
             return len(got) == 2 and len(all_steps) == 6 and len(seen) == 2
 
-        assert wait_for(both)
+        wait_for(both)
         assert sorted((i.job, i.rank, i.key) for i in got.values()) == [
             ("eval", 0, 1),
             ("train", 0, 0),
@@ -282,7 +288,7 @@ def test_several_jobs_keep_their_ranks_apart(path: str) -> None:
         s.sendall(hello(0, pid=503, job="train"))
         socks.append(s)
         again: list[RankInfo] = []
-        assert wait_for(lambda: bool(again.extend(intake.drain().infos) or again))
+        wait_for(lambda: bool(again.extend(intake.drain().infos) or again))
         assert [(i.job, i.key, i.pid) for i in again] == [("train", 0, 503)]
         for s in socks:
             s.close()
@@ -295,6 +301,20 @@ def test_one_job_files_samples_by_rank(intake: RankIntake, path: str) -> None:
     s.connect(path)
     s.sendall(hello(3, job="train") + steps(3, 0, 2))
     got: list[RankInfo] = []
-    assert wait_for(lambda: bool(got.extend(intake.drain().infos) or got))
+    wait_for(lambda: bool(got.extend(intake.drain().infos) or got))
     assert got[0].key is None and got[0].slot == 3
     s.close()
+
+
+def test_rank_closing_without_goodbye_died(intake: RankIntake) -> None:
+    """End of file after the probe's "bye": the rank ended; without it: the rank died."""
+    clean, killed = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    for rank, s in ((0, clean), (1, killed)):
+        s.connect(intake.path)
+        s.sendall(hello(rank) + steps(rank, 0, 3))
+    clean.sendall(encode({"type": "bye"}))
+    clean.close()
+    killed.close()
+    got: list[Batch] = []
+    wait_for(lambda: {0, 1} <= {r for b in got for r in b.ended} or got.append(intake.drain()))
+    assert {r for b in got for r in b.died} == {1}

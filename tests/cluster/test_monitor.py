@@ -21,8 +21,9 @@ from auditor.config import FLEET_OPTIONS, device_source
 from auditor.files import write_text_atomic
 from auditor.samples import DeviceSample
 from auditor.telemetry.sources import RecordedDeviceSource
-from tests.cluster.gpus import MODEL, gpu_uuid, write_gpus
-from tests.cluster.test_agent import scrape, value, wait_for
+from tests.cluster.test_agent import scrape, value
+from tests.helpers.gpus import MODEL, gpu_uuid, write_gpus
+from tests.helpers.waiting import wait_for
 from tests.probe import short_dir
 
 NODE = "node-a"
@@ -68,7 +69,7 @@ def test_monitor_samples_its_gpu_at_once_and_reports_itself(spec: str) -> None:
     source = RecordedDeviceSource(path, NODE, clock=clock)
     m = GpuMonitorCore(node=NODE, uuid=gpu_uuid(NODE, 1), interval_s=3600, source=source)
     try:
-        assert wait_for(lambda: m.latest() is not None)
+        wait_for(lambda: m.latest() is not None)
         first = m.latest()
         assert first is not None
         assert (first.node, first.index, first.uuid, first.model) == (
@@ -91,7 +92,7 @@ def test_monitor_samples_its_gpu_at_once_and_reports_itself(spec: str) -> None:
 def test_monitor_builds_its_source_from_the_spec(spec: str) -> None:
     m = GpuMonitorCore(source_spec=spec, node=NODE, uuid=gpu_uuid(NODE, 0), interval_s=0.05)
     try:
-        assert wait_for(lambda: (m.info()["samples"] or 0) >= 3)
+        wait_for(lambda: (m.info()["samples"] or 0) >= 3)
         assert m.latest() is not None and m.latest().uuid == "GPU-node-a-0"  # type: ignore[union-attr]
     finally:
         m.stop()
@@ -100,7 +101,7 @@ def test_monitor_builds_its_source_from_the_spec(spec: str) -> None:
 def test_failed_read_keeps_the_last_sample_and_counts(spec: str) -> None:
     m = GpuMonitorCore(source_spec=spec, node=NODE, uuid="GPU-unknown", interval_s=3600)
     try:
-        assert wait_for(lambda: m.info()["errors"] == 1)
+        wait_for(lambda: m.info()["errors"] == 1)
         assert m.latest() is None
         assert "KeyError" in (m.info()["last_error"] or "")
     finally:
@@ -115,7 +116,7 @@ def test_discover_devices(spec: str) -> None:
         (1, "GPU-node-a-1", MODEL),
     ]
     assert discover_devices(spec, "node-z")[0] == []  # the recording does not mention it
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown device source 'bogus'"):
         discover_devices("bogus", NODE)
 
 
@@ -129,7 +130,7 @@ def test_pull_latest_turns_failures_into_none(spec: str) -> None:
     m = GpuMonitorCore(source_spec=spec, node=NODE, uuid=gpu_uuid(NODE, 0), interval_s=3600)
     flaky = Flaky(m)
     try:
-        assert wait_for(lambda: m.latest() is not None)
+        wait_for(lambda: m.latest() is not None)
         flaky.down.set()
         got = pull_latest({"a": m, "b": flaky}, timeout_s=1.0)
         assert got["a"] is not None and got["b"] is None
@@ -158,7 +159,7 @@ def test_agent_exports_drains_and_marks_a_silent_monitor_down(spec: str) -> None
             gpus, {gpu_uuid(NODE, 0): cores[gpu_uuid(NODE, 0)], flaky.core.uuid: flaky}
         )
         g1 = {"node": NODE, "gpu": "1", "uuid": "GPU-node-a-1", "model": MODEL}
-        assert wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 1)
+        wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 1)
         series = scrape(url)
         assert value(series, "auditor_gpu_utilization_ratio", **g1) == pytest.approx(0.6)
         assert value(series, "auditor_gpu_sm_clock_hertz", **g1) == 1410e6
@@ -174,7 +175,7 @@ def test_agent_exports_drains_and_marks_a_silent_monitor_down(spec: str) -> None
         assert not {(d.uuid, d.time) for d in again.devices} & set(seen)
 
         flaky.down.set()
-        assert wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 0)
+        wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 0)
         down = scrape(url)
         ts_down = value(down, "auditor_gpu_last_sample_timestamp_seconds", **g1)
         assert ts_down is not None
@@ -183,7 +184,7 @@ def test_agent_exports_drains_and_marks_a_silent_monitor_down(spec: str) -> None
         assert agent.gpus()["GPU-node-a-1"]["up"] is False
 
         flaky.down.clear()
-        assert wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 1)
+        wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 1)
         ts_up = value(scrape(url), "auditor_gpu_last_sample_timestamp_seconds", **g1)
         assert ts_up > ts_down
     finally:
@@ -203,7 +204,7 @@ def test_in_process_agent_starts_monitors_for_its_node(spec: str, sink_dir: str)
     )
     try:
         assert set(agent.monitors) == {"GPU-node-a-0", "GPU-node-a-1"}
-        assert wait_for(lambda: {d.uuid for d in agent.drain().devices} == set(agent.monitors))
+        wait_for(lambda: {d.uuid for d in agent.drain().devices} == set(agent.monitors))
     finally:
         agent.stop()
 
@@ -262,8 +263,12 @@ def test_sd_file_is_replaced_whole(tmp_path: Path) -> None:
 def test_device_source_option(spec: str) -> None:
     assert device_source("nvml") == "nvml"
     assert device_source(spec) == spec
-    for bad in ("cuda", "recorded:", "recorded:/no/such/file.jsonl"):
-        with pytest.raises(ValueError):
+    for bad, message in (
+        ("cuda", "expected 'nvml' or 'recorded:<path>'"),
+        ("recorded:", "recorded: needs a file"),
+        ("recorded:/no/such/file.jsonl", "recording not found: /no/such/file.jsonl"),
+    ):
+        with pytest.raises(ValueError, match=message):
             device_source(bad)
 
 

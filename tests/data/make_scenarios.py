@@ -1,6 +1,6 @@
 """Generate the recorded device scenarios under ``tests/data/<scenario>/recording.jsonl``.
 
-Each scenario is a real-shaped ``auditor.recording/v1`` recording of a few seconds of training on
+Each scenario is a real-shaped ``auditor.recording/v2`` recording of a few seconds of training on
 one 4-GPU node: the ranks' identities and steps (the probe's phases, DDP barrier timing), their
 process and node CPU, and NVML reads of every GPU every half second with H100/H200 figures
 (totals, clocks, power, PCIe gen 5 x16, the processes on each GPU). The values are seeded, so
@@ -183,9 +183,10 @@ def build(job: Job) -> list[Batch]:
                     data_wait_s=round(p["data_wait"], 6),
                     h2d_s=round(p["h2d"], 6),
                     forward_s=round(p["forward"], 6),
-                    backward_s=round(p["backward"] + (wait or 0.0), 6),
+                    backward_s=round(p["backward"], 6),  # exclusive: the wait is not in it
                     optimizer_s=round(p["optimizer"], 6),
                     collective_wait_s=None if wait is None else round(wait, 6),
+                    collective_ops=None if wait is None else {"ddp_allreduce": round(wait, 6)},
                     batch_size=batch_now[r],
                     rss_bytes=int(jit(6.2 * GIB, 0.002)),
                     mem_allocated_bytes=alloc,

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers.waiting import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 PROM_DIR = DEPLOY / "prometheus"
@@ -291,15 +293,16 @@ def test_a_real_alertmanager_routes_and_inhibits(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def ready() -> bool:
             try:
                 urllib.request.urlopen(f"{base}/-/ready", timeout=2).close()
-                break
+                return True
             except OSError:
                 assert proc.poll() is None, "alertmanager exited"
-                assert time.monotonic() < deadline, "alertmanager never became ready"
-                time.sleep(0.2)
+                return False
+
+        wait_for(ready, timeout=30, what="alertmanager to be ready", every=0.2)
         expected = {
             ("AuditorExporterDown", "auditor-nodes", "a"): ("active", ["pager"]),
             ("AuditorExporterDown", "auditor-serve", None): ("active", ["pager"]),
@@ -383,16 +386,21 @@ def test_compose_has_the_four_services() -> None:
 
 
 def test_compose_publishes_on_loopback_only() -> None:
+    published = []
     for name, service in _compose()["services"].items():
         assert "network_mode" not in service, name
         for port in service.get("ports", []):
             assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
             assert port.count(":") == 2, (name, port)
+            published.append(name)
+    assert published, "the stack publishes nothing to check"
 
 
 def test_compose_mounts_exist() -> None:
     compose = _compose()
     named = set(compose.get("volumes") or {})
+    mounts = [v for service in compose["services"].values() for v in service.get("volumes", [])]
+    assert mounts, "the stack mounts nothing to check"
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
@@ -493,7 +501,11 @@ def test_raycluster_head_runs_the_fleet_and_workers_have_gpus() -> None:
 
 def test_raycluster_exposes_the_metrics_port_and_keeps_token_auth() -> None:
     (cluster,) = _by_kind(KUBERAY / "raycluster.yaml")["RayCluster"]
-    for container in _ray_containers(cluster):
+    containers = _ray_containers(cluster)
+    # The fleet's own container, and the Ray containers whose ports are checked.
+    assert "auditor-fleet" in {c["name"] for c in containers}
+    assert any(c["name"] != "auditor-fleet" for c in containers)
+    for container in containers:
         env = {e["name"]: e for e in container.get("env", [])}
         assert env["RAY_AUTH_MODE"]["value"] == "token", container["name"]
         assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"], container["name"]

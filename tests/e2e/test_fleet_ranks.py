@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.probe.hooks import default_sink_path
 from auditor.session import BOOT_DIR
-from tests.servers import wait_for
+from tests.helpers.waiting import wait_for_service
 
 from .conftest import EXAMPLES, REPO, base_env
 
@@ -57,7 +57,7 @@ def test_fleet_agent_takes_the_ranks_of_every_opted_in_job(
             entries = json.loads(sd.read_text() or "[]")
             return entries[0]["targets"][0] if entries and entries[0]["targets"] else None
 
-        target = wait_for(listed, timeout=120, what=f"the fleet's endpoint ({log})")
+        target = wait_for_service(listed, timeout=120, what=f"the fleet's endpoint ({log})")
         url = f"http://{target}/metrics"
         env = {**base_env(), "AUDITOR_PROBE": "1", "PYTHONPATH": str(BOOT_DIR)}
         env.pop("AUDITOR_SINK", None)
@@ -86,13 +86,15 @@ def test_fleet_agent_takes_the_ranks_of_every_opted_in_job(
             stepping = {(j, r) for (m, j, r), v in got.items() if m.endswith("steps_total") and v}
             return got if want <= stepping else None
 
-        series = wait_for(all_ranks_stepping, timeout=150, what="4 ranks of 2 jobs", every=1)
+        series = wait_for_service(
+            all_ranks_stepping, timeout=150, what="4 ranks of 2 jobs", every=1
+        )
         # Rank 0 of each job is its own series, labelled with the script's name as its job.
         assert {(j, r) for (m, j, r) in series if m == "auditor_rank_up"} == want
         for job in jobs:
             _, err = job.communicate(timeout=120)
             assert job.returncode == 0, err.decode()[-2000:]
-        ended = wait_for(
+        ended = wait_for_service(
             lambda: all(_series(url).get(("auditor_rank_up", j, r)) == 0 for j, r in want),
             timeout=30,
             what="rank_up 0 for every rank once the jobs ended",

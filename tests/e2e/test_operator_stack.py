@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from auditor.ops.alerts import ALERT_RULES, referenced_metrics
 from auditor.ops.grafana import queries, substitute
 from auditor.ops.recording import RECORDED
+from tests.helpers.waiting import wait_for_service
 from tests.servers import (
     Alertmanager,
     Prometheus,
@@ -39,7 +40,6 @@ from tests.servers import (
     free_port,
     http_json,
     http_status,
-    wait_for,
 )
 
 from .conftest import EXAMPLES, REPO, base_env
@@ -265,7 +265,7 @@ def test_serve_finds_the_starved_rank(stack: Stack) -> None:
         job = _job(stack, STARVED)
         return job if job and "data_starvation" in _kinds(job) else None
 
-    job = wait_for(starved, timeout=240, what="serve's data_starvation finding", every=2)
+    job = wait_for_service(starved, timeout=240, what="serve's data_starvation finding", every=2)
     found = [f for f in job["findings"] if f["kind"] == "data_starvation"]
     assert [f["ranks"] for f in found] == [[1]]
     # The fix depends on the host's spare CPU (more workers, or cheaper loading when the host
@@ -276,7 +276,7 @@ def test_serve_finds_the_starved_rank(stack: Stack) -> None:
     assert all(0 not in f["ranks"] for f in job["findings"] if f["severity"] != "info")
     assert job["ranks"] == 2 and 0 < job["imbalance_ratio"] < 1
     # Prometheus scraped the finding back from serve, with its node.
-    series = wait_for(
+    series = wait_for_service(
         lambda: stack.prometheus.query(
             f'auditor_finding{{job="{STARVED}", kind="data_starvation", rank="1"}}'
         ),
@@ -303,7 +303,9 @@ def test_serve_judges_replayed_gpu_jobs_like_the_recording(stack: Stack) -> None
 
         job = _job(stack, name)
         assert want, f"{name}: the recording's verdict has no warning"
-        wait_for(agrees, timeout=90, what=f"{name}: serve's verdict {want} (last: {job})", every=2)
+        wait_for_service(
+            agrees, timeout=90, what=f"{name}: serve's verdict {want} (last: {job})", every=2
+        )
 
 
 def test_the_data_starved_alert_reaches_alertmanager(stack: Stack) -> None:
@@ -315,12 +317,14 @@ def test_the_data_starved_alert_reaches_alertmanager(stack: Stack) -> None:
             and a["labels"].get("job") == STARVED
         ]
 
-    alerts = wait_for(fired, timeout=150, what="AuditorDataStarvedRank in Alertmanager", every=2)
+    alerts = wait_for_service(
+        fired, timeout=150, what="AuditorDataStarvedRank in Alertmanager", every=2
+    )
     assert {a["labels"]["rank"] for a in alerts} == {"1"}
     assert alerts[0]["labels"]["severity"] == "warning"
     assert alerts[0]["annotations"]["summary"]
     # The critical finding from serve fires too, on the same rank.
-    critical = wait_for(
+    critical = wait_for_service(
         lambda: [
             a
             for a in stack.alertmanager.alerts()
@@ -349,7 +353,7 @@ def _variable_values(stack: Stack) -> list[dict[str, str]]:
 
 def test_every_dashboard_query_returns_series(stack: Stack) -> None:
     # The 1 m rates and 5 m means need a few scrapes of every target first.
-    wait_for(
+    wait_for_service(
         lambda: (
             stack.prometheus.query("auditor:job_gpu_utilization:spread5m")
             and stack.prometheus.query("auditor:rank_phase:ratio1m")
@@ -417,7 +421,7 @@ def test_serve_reports_a_prometheus_outage_and_recovers(stack: Stack) -> None:
     assert before["auditor_serve_prometheus_up"] == 1
     stack.prometheus.stop()
     try:
-        wait_for(
+        wait_for_service(
             lambda: http_status(stack.serve_url + "/healthz") == 503,
             timeout=60,
             what="serve /healthz 503 while Prometheus is down",
@@ -430,7 +434,7 @@ def test_serve_reports_a_prometheus_outage_and_recovers(stack: Stack) -> None:
         assert job is not None and job["health"]["prometheus_up"] is False
     finally:
         stack.prometheus.start()
-    wait_for(
+    wait_for_service(
         lambda: http_status(stack.serve_url + "/healthz") == 200,
         timeout=60,
         what="serve /healthz 200 after Prometheus is back",

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.cli import build_parser, main
 from auditor.config import run_config
-from tests.servers import Prometheus, wait_for
+from tests.helpers.waiting import wait_for_service
+from tests.servers import Prometheus
 
 from .conftest import REPO, base_env, torchrun
 
@@ -39,7 +40,7 @@ def listed(path: Path, proc: subprocess.Popen[bytes], log: Path) -> list[dict[st
             raise AssertionError(f"auditor run ended before listing: {log.read_text()[-3000:]}")
         return json.loads(path.read_text()) if path.exists() else None
 
-    return wait_for(read, timeout=150, what=f"{path} to be written", every=0.2)
+    return wait_for_service(read, timeout=150, what=f"{path} to be written", every=0.2)
 
 
 def check_entry(entries: list[dict[str, Any]]) -> tuple[str, str]:
@@ -65,7 +66,7 @@ def scrape(target: str) -> dict[str, Any]:
 def check_scrape(target: str, node: str) -> None:
     """The listed target answers with the auditor's series, whose node is the listed node (the
     node series appear with the agent's first host sample, a second after it starts)."""
-    families = wait_for(
+    families = wait_for_service(
         lambda: (f := scrape(target)) and "auditor_node_cpu_cores" in f and f,
         timeout=30,
         what=f"node series at {target}",
@@ -121,7 +122,7 @@ def test_listed_while_running_scraped_by_prometheus_and_removed_at_the_end(
         check_scrape(target, node)
         # Prometheus finds it through the file and scrapes it: up, and the auditor's series with
         # the target label auditor_job next to the scraped job (honor_labels keeps the latter).
-        wait_for(
+        wait_for_service(
             lambda: server.query(f'up{{job="auditor-nodes",auditor_job="{JOB}"}} == 1'),
             timeout=60,
             what="Prometheus to scrape the listed target",
@@ -140,7 +141,7 @@ def test_listed_while_running_scraped_by_prometheus_and_removed_at_the_end(
     assert list(targets.iterdir()) == []  # no temporary file left behind either
     assert json.loads(report.read_text())["job"]["exit_code"] == 0
     # Prometheus drops the target once its file is gone: nothing left to raise an alert.
-    wait_for(
+    wait_for_service(
         lambda: active_targets(server) == [],
         timeout=60,
         what="Prometheus to drop the target",

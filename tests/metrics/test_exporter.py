@@ -24,7 +24,15 @@ from auditor.metrics import exporter
 from auditor.metrics.catalog import MetricSpec
 from auditor.metrics.exporter import family_for, make_registry, serve, stop
 from auditor.metrics.state import ExportState, RankTotals
-from auditor.samples import PHASES, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import (
+    PHASES,
+    LoaderConfig,
+    MemoryBudget,
+    NodeCpu,
+    ProcessCpu,
+    RankInfo,
+    StepSample,
+)
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -162,6 +170,21 @@ def make_state() -> ExportState:
         },
         node_cpu=NodeCpu(host=NODE, time=1001.0, cores=16.0, busy_cores=3.5, load1=2.25),
         ended={1},
+        # Rank 0 measured its budget; rank 1 sent none (no series, not zeros).
+        memory={
+            0: MemoryBudget(
+                rank=0,
+                time=1000.0,
+                step=1,
+                param_bytes=1_000,
+                grad_bytes=1_000,
+                optimizer_bytes=2_024,
+                buffer_bytes=16,
+                other_module_bytes=0,
+                activation_bytes=3_200,
+                activation_batch=8,
+            )
+        },
         findings=[
             Finding(
                 "compute_straggler",
@@ -230,6 +253,12 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
     ("auditor_rank_memory_bytes", r(0, memory="allocated"), 2_500),
     ("auditor_rank_memory_bytes", r(0, memory="reserved"), 4_096),
     ("auditor_rank_memory_bytes", r(0, memory="peak"), 3_500),
+    ("auditor_rank_memory_budget_bytes", r(0, part="parameters"), 1_000),
+    ("auditor_rank_memory_budget_bytes", r(0, part="gradients"), 1_000),
+    ("auditor_rank_memory_budget_bytes", r(0, part="optimizer_state"), 2_024),
+    ("auditor_rank_memory_budget_bytes", r(0, part="buffers"), 16),
+    ("auditor_rank_memory_budget_bytes", r(0, part="other_modules"), 0),
+    ("auditor_rank_memory_budget_bytes", r(0, part="activations"), 3_200),
     ("auditor_rank_memory_bytes", r(1, memory="rss"), 500_000),
     ("auditor_rank_cpu_cores", r(0, process="main"), 0.75),
     ("auditor_rank_cpu_cores", r(0, process="workers"), 1.5),

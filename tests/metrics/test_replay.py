@@ -32,6 +32,7 @@ from auditor.metrics.replay import (
 from auditor.metrics.state import ExportState, apply_batch
 from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
 from auditor.telemetry.recorded import Recording, read_recording
+from tests.helpers.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE = REPO / "tests" / "data" / "idle_allocated_gpu" / "recording.jsonl"
@@ -212,9 +213,7 @@ def test_stop_ends_a_waiting_replay() -> None:
     replay = Replay(small_recording(), speed=0.001)  # the real wait: 1000 s to the second tick
     player = threading.Thread(target=replay.run)
     player.start()
-    deadline = time.monotonic() + 10
-    while replay.applied == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: replay.applied > 0, timeout=10, what="the first tick", every=0.01)
     replay.stop()
     player.join(timeout=5)
     assert not player.is_alive() and replay.applied == 1
@@ -402,12 +401,13 @@ def test_served_replay_scraped_over_http(tmp_path: Path) -> None:
             line = proc.stderr.readline()
         assert "http://127.0.0.1:" in line, line
         url = line.rsplit(" ", 1)[1].strip()
-        first = _get(url)
-        deadline = time.monotonic() + 20
+
+        def with_gpus() -> str | None:
+            text = _get(url)
+            return text if "auditor_gpu_utilization_ratio" in text else None
+
         # GPUs are first read in the recording's second tick (a twentieth of a second here).
-        while "auditor_gpu_utilization_ratio" not in first and time.monotonic() < deadline:
-            time.sleep(0.05)
-            first = _get(url)
+        first = wait_for(with_gpus, timeout=20, what=f"GPU series at {url}", every=0.05)
         time.sleep(0.5)  # 10 s of recording at speed 20
         second = _get(url)
     finally:

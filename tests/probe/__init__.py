@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auditor.cluster.intake import RankIntake
-from auditor.samples import RankInfo, StepSample
+from auditor.samples import MemoryBudget, RankInfo, StepSample
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "auditor" / "probe" / "boot"
@@ -75,6 +75,7 @@ class JobResult:
     infos: dict[int, RankInfo] = field(default_factory=dict)
     steps: list[StepSample] = field(default_factory=list)
     ended: set[int] = field(default_factory=set)
+    memory: list[MemoryBudget] = field(default_factory=list)
     workers: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     connections: int = 0
     bad_lines: int = 0
@@ -120,9 +121,11 @@ class Job:
             text=True,
         )
 
-    def result(self, timeout: float = 120.0, *, wait_rank_s: float = 10.0) -> JobResult:
-        """Wait for the process, then until the intake saw its rank end (``wait_rank_s`` at most:
-        pass a short wait where no rank is expected to connect)."""
+    def result(
+        self, timeout: float = 120.0, *, wait_rank_s: float = 10.0, ranks: int = 1
+    ) -> JobResult:
+        """Wait for the process, then until the intake saw ``ranks`` ranks end (``wait_rank_s``
+        at most: pass a short wait where no rank is expected to connect)."""
         try:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -137,7 +140,8 @@ class Job:
                 res.infos.update({i.rank: i for i in batch.infos})
                 res.steps.extend(batch.steps)
                 res.ended.update(batch.ended)
-                if res.ended or time.monotonic() > deadline:
+                res.memory.extend(batch.memory)
+                if len(res.ended) >= ranks or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
             res.connections = self.intake.connections

@@ -49,6 +49,9 @@ class DeviceTimer:
         assert self.ready(end), "elapsed() read a mark the device has not reached"
         return self.times[end] - self.times[start]
 
+    def release(self, marks: object) -> None:
+        pass
+
     def complete_all(self) -> None:
         self.passed = len(self.times) - 1
 
@@ -75,7 +78,9 @@ def one_batch(
     began = sc.data_begin()
     c.at(t0 + 0.010)
     sc.data_end(began, batch)
+    sc.h2d_begin()  # the batch's copy to the device
     c.at(t0 + 0.015)
+    sc.h2d_end()
     sc.forward_begin()
     c.at(t0 + 0.045)
     sc.forward_end()
@@ -190,7 +195,7 @@ def test_loop_without_dataloader_closes_at_each_optimizer_step() -> None:
         assert s.optimizer_s == pytest.approx(0.01)
 
 
-def test_collective_wait_is_last_done_minus_last_launch() -> None:
+def test_ddp_wait_is_last_done_minus_last_launch() -> None:
     sc, c, dev = make()
     assert dev is not None
     c.at(0.0)
@@ -223,7 +228,8 @@ def test_collective_wait_is_last_done_minus_last_launch() -> None:
     dev.complete_all()
     s0, s1 = sc.resolve()
     assert s0.collective_wait_s == pytest.approx(0.022)
-    assert s0.backward_s == pytest.approx(0.045)  # the wait is inside backward's wall time
+    assert s0.collective_ops == pytest.approx({"ddp_allreduce": 0.022})
+    assert s0.backward_s == pytest.approx(0.045 - 0.022)  # exclusive: the wait is carved out
     assert s0.compute_s == pytest.approx(0.010 + 0.045 - 0.022 + 0.005)
     assert s1.collective_wait_s is None
 

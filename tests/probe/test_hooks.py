@@ -28,7 +28,7 @@ SCENARIOS: dict[str, dict[str, object]] = {
     "hook_before": {"args": [*DDP, "--hook=before"]},
     "hook_after": {"args": [*DDP, "--hook=after"]},
     "builtin": {"args": [*DDP, "--hook=builtin"]},
-    "builtin_after": {"args": [*DDP, "--hook=builtin-after"]},
+    "builtin_after": {"args": [*DDP, "--hook=builtin-after", "--builtin=fp16"]},
     "plain": {"args": PLAIN},
     "no_agent": {"args": PLAIN, "with_intake": False},
     "no_probe": {"args": PLAIN, "probe": False},
@@ -145,8 +145,15 @@ def test_builtin_comm_hook_is_left_alone_and_reported_unmeasured(
 
 
 def test_builtin_comm_hook_registered_after_first_forward(jobs: dict[str, JobResult]) -> None:
-    res = ok(jobs["builtin_after"])
+    # The probe's timing hook is in from the first forward; the script's FP16_COMPRESS builtin,
+    # asked for after step 0, runs inside it as its Python twin.
+    res = ok(jobs["builtin_after"])  # MATCH: gradients rounded to float16 from step 1 on
     assert len(res.steps) == BATCHES
+    # The wait at the all-reduce is measured in every step, before and after the swap.
+    assert "collective_wait" not in res.infos[0].unmeasured
+    assert all(s.collective_wait_s is not None and s.collective_wait_s >= 0 for s in res.steps)
+    for s in res.steps:
+        phases_fit(s)
 
 
 # --- no DDP, no launcher --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ import pytest
 from auditor.cluster.intake import RankIntake
 from auditor.probe.sink import Sink, encode, step_message
 from auditor.samples import Batch, RankInfo, StepSample
+from tests.helpers.waiting import wait_for
 
 from . import short_dir
 
@@ -81,15 +82,6 @@ class Received:
         return {r for b in self.batches for r in b.ended}
 
 
-def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
 @pytest.fixture
 def path() -> Iterator[str]:
     d = short_dir()
@@ -124,11 +116,11 @@ def test_buffers_while_agent_absent_and_delivers_when_it_appears(
     assert sink.sent_messages == 0 and box.hellos == 0
     got = Received(start_intake(path, intakes))
     sink.start()
-    assert wait_for(lambda: got.poll().steps == [0, 1, 2])
+    wait_for(lambda: got.poll().steps == [0, 1, 2])
     assert [i.rank for i in got.infos] == [RANK]  # the hello came first
     assert box.hellos == 1
     sink.close()
-    assert wait_for(lambda: RANK in got.poll().ended)
+    wait_for(lambda: RANK in got.poll().ended)
 
 
 def test_stale_socket_file_is_not_an_error(path: str) -> None:
@@ -150,14 +142,14 @@ def test_hello_again_after_the_agent_restarts(path: str, intakes: list[RankIntak
     first = Received(start_intake(path, intakes))
     sink.start()
     box.put(step(0))
-    assert wait_for(lambda: first.poll().steps == [0])
+    wait_for(lambda: first.poll().steps == [0])
     first.intake.stop()  # the agent goes away (its socket file with it)
     intakes.remove(first.intake)
     box.put(step(1))
     time.sleep(0.3)  # the sink notices while the agent is away
     box.put(step(2))
     second = Received(start_intake(path, intakes))
-    assert wait_for(lambda: 2 in second.poll().steps, timeout=8)
+    wait_for(lambda: 2 in second.poll().steps, timeout=8)
     assert [i.rank for i in second.infos][:1] == [RANK]  # introduced itself again
     assert box.hellos == 2
     sink.close()
@@ -170,7 +162,7 @@ def test_close_sends_everything_then_ends_the_rank(path: str, intakes: list[Rank
     for i in range(300):
         box.put(step(2 * i), step(2 * i + 1))
     sink.close()
-    assert wait_for(lambda: RANK in got.poll().ended)
+    wait_for(lambda: RANK in got.poll().ended)
     assert got.steps == list(range(600))
     assert got.intake.bad_lines == 0
 
@@ -187,7 +179,7 @@ def test_close_waits_briefly_for_an_agent_still_starting(
     sink.close(timeout_s=3.0)
     timer.join()
     got = Received(late[0])
-    assert wait_for(lambda: RANK in got.poll().ended)
+    wait_for(lambda: RANK in got.poll().ended)
     assert got.steps == [0]
 
 
@@ -199,7 +191,7 @@ def test_buffer_is_bounded_and_keeps_the_newest(path: str, intakes: list[RankInt
         sink.flush()
     got = Received(start_intake(path, intakes))
     sink.close()
-    assert wait_for(lambda: RANK in got.poll().ended)
+    wait_for(lambda: RANK in got.poll().ended)
     assert got.steps == [5, 6, 7, 8, 9]
 
 
@@ -212,7 +204,7 @@ def test_malformed_line_is_skipped_and_counted(path: str, intakes: list[RankInta
         s.sendall(b"this is not json\n")
         s.sendall(b'{"type":"steps","rank":2,"rows":[[1,2,3]]}\n')  # a row of the wrong length
         s.sendall(encode(step_message(RANK, [step(1), step(2)])))
-    assert wait_for(lambda: RANK in got.poll().ended)
+    wait_for(lambda: RANK in got.poll().ended)
     assert got.steps == [0, 1, 2]
     assert got.intake.bad_lines == 2
 
@@ -226,14 +218,14 @@ def test_closing_connection_marks_the_rank_ended(path: str, intakes: list[RankIn
         s.connect(path)
     a.sendall(encode(hello_msg(rank=0, pid=10)))
     b.sendall(encode(hello_msg(rank=1, pid=11)))
-    assert wait_for(lambda: {i.rank for i in got.poll().infos} == {0, 1})
+    wait_for(lambda: {i.rank for i in got.poll().infos} == {0, 1})
     anonymous.close()  # never said who it is: ends no rank
     a.close()
-    assert wait_for(lambda: got.poll().ended == {0})
+    wait_for(lambda: got.poll().ended == {0})
     time.sleep(0.1)
     assert got.poll().ended == {0}
     b.close()
-    assert wait_for(lambda: got.poll().ended == {0, 1})
+    wait_for(lambda: got.poll().ended == {0, 1})
 
 
 def test_stalled_agent_gets_every_step_exactly_once(path: str) -> None:

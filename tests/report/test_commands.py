@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from analysis.builders import JobBuilder, balanced, with_rank
 
-from auditor.analysis import SampleStore, analyze
+from auditor.analysis import SampleStore
 from auditor.analysis.snapshot import WARMUP_STEPS
 from auditor.report.commands import add_subcommands, dispatch, load_input, sniff
-from auditor.report.json_report import build_report, write_report
+from auditor.report.json_report import write_report
 from auditor.report.terminal import render_verdict
 from auditor.samples import Batch
 from auditor.telemetry.recorded import write_recording
+from tests.helpers.jobs import JobBuilder, balanced, with_rank
+from tests.helpers.reports import final_report
 
 STARVED = with_rank(balanced(2, num_workers=1), 1, data_wait=0.117)
 FIXED = balanced(2, num_workers=10)
@@ -32,17 +33,7 @@ def record(path: Path, specs: list[Any], steps: int = 60) -> tuple[Path, dict[st
     command = ["torchrun", "--nproc_per_node=2", "examples/starved_rank.py"]
     write_recording(path, batches, job="starved_rank", meta={"command": command})
     # What session.run does at the end of the job.
-    now = store.latest_time()
-    assert now is not None
-    snap = store.snapshot(now, None)
-    live = build_report(
-        command=command,
-        exit_code=0,
-        duration_s=10.0,
-        snapshot=snap,
-        findings=analyze(snap),
-        job="starved_rank",
-    )
+    _, _, live = final_report(store, command=command, duration_s=10.0, job="starved_rank")
     return path, live
 
 

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from analysis.builders import JobBuilder, balanced, with_rank
 
 from auditor.analysis import analyze
 from auditor.report.compare import (
@@ -18,6 +17,7 @@ from auditor.report.compare import (
     render_compare,
 )
 from auditor.report.json_report import build_report
+from tests.helpers.jobs import JobBuilder, balanced, with_rank
 
 
 def finding(kind: str, ranks: list[int], severity: str, speedup: float | None) -> dict[str, Any]:

@@ -10,61 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from analysis.builders import JobBuilder, RankSpec, balanced, with_rank
 
-from auditor.analysis import SampleStore, analyze
+from auditor.analysis import SampleStore
 from auditor.report.html import (
     BREAKDOWN,
     MAX_POINTS,
     breakdown_ms,
+    fixes_by_rank,
     render_html,
     write_html,
     write_html_for_run,
 )
 from auditor.report.json_report import build_report
 from auditor.report.terminal import render_verdict
-from auditor.samples import Batch, DeviceSample
-
-GIB = 1 << 30
-
-
-def starved_store(steps: int = 60, *, gpus: int = 2) -> SampleStore:
-    """2 ranks, rank 1 starved for data (1 worker); ``gpus`` GPUs sampled every half second."""
-    specs = with_rank(balanced(2, num_workers=1), 1, data_wait=0.117)
-    builder = JobBuilder(specs, comm=0.001).run(steps)
-    devices = []
-    t = 1_000.0
-    while t <= builder.now:
-        for g in range(gpus):
-            devices.append(
-                DeviceSample(
-                    node="node0",
-                    index=g,
-                    uuid=f"GPU-{g:08d}",
-                    time=t,
-                    model="Test GPU",
-                    gpu_util=0.95 if g == 0 else 0.45,
-                    mem_used_bytes=(10 + g) * GIB,
-                    mem_total_bytes=80 * GIB,
-                )
-            )
-        t += 0.5
-    builder.store.add(Batch(devices=tuple(devices)))
-    return builder.store
-
-
-def report_of(store: SampleStore, **kwargs: Any) -> dict[str, Any]:
-    now = store.latest_time()
-    assert now is not None
-    snap = store.snapshot(now, None)
-    return build_report(
-        command=["torchrun", "--nproc_per_node=2", "train.py"],
-        exit_code=0,
-        duration_s=20.0,
-        snapshot=snap,
-        findings=analyze(snap),
-        **kwargs,
-    )
+from tests.helpers.jobs import JobBuilder, RankSpec, balanced
+from tests.helpers.reports import report_of, starved_store
 
 
 class _Refs(HTMLParser):
@@ -203,7 +163,7 @@ def test_breakdown_adds_up_to_the_step() -> None:
         "data_wait_s": 0.010,
         "h2d_s": 0.005,
         "forward_s": 0.030,
-        "backward_s": 0.120,
+        "backward_s": 0.070,  # exclusive: the 50 ms wait is not in it
         "optimizer_s": 0.005,
         "collective_wait_s": 0.050,
     }
@@ -282,3 +242,22 @@ def test_write_html_is_atomic_on_error(tmp_path: Path) -> None:
         write_html(target, {"ranks": [{"rank": 0, "step_s": object()}]}, series=None)
     assert target.read_text(encoding="utf-8") == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]
+
+
+def test_each_rank_fix_is_listed_once_with_every_finding_it_answers() -> None:
+    fix = "num_workers 1 -> 3"
+    findings = [
+        {"kind": "data_starvation", "severity": "critical", "ranks": [2], "fixes": {"2": fix}},
+        {"kind": "utilization_imbalance", "severity": "warning", "ranks": [2], "fixes": {"2": fix}},
+        {"kind": "memory_headroom", "severity": "info", "ranks": [2], "fixes": {"2": "batch 64"}},
+    ]
+    grouped = fixes_by_rank(findings)
+    assert [(r, [(f, [x["kind"] for x in fs]) for f, fs in items]) for r, items in grouped] == [
+        (
+            2,
+            [
+                (fix, ["data_starvation", "utilization_imbalance"]),
+                ("batch 64", ["memory_headroom"]),
+            ],
+        )
+    ]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from auditor.analysis import SampleStore, Snapshot, analyze
+from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.report.json_report import (
     JOB_KEYS,
@@ -20,114 +19,7 @@ from auditor.report.json_report import (
     load_report,
     write_report,
 )
-from auditor.samples import Batch, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
-
-HOST = "node-a.cluster.example"
-T0 = 1_700_000_000.0
-STEP_S = 0.100
-
-
-def loader(num_workers: int = 2) -> LoaderConfig:
-    return LoaderConfig(
-        num_workers=num_workers,
-        pin_memory=False,
-        prefetch_factor=2 if num_workers else None,
-        persistent_workers=False,
-        batch_size=32,
-        drop_last=False,
-        sampler="DistributedSampler",
-        dataset="ImageFolder",
-    )
-
-
-def make_store(
-    *,
-    starved: bool = True,
-    steps: int = 20,
-    with_cpu: bool = True,
-    collective: bool = True,
-    unmeasured: tuple[str, ...] = (),
-) -> SampleStore:
-    """A 2-rank DDP job on one host, delivered the way node agents deliver it (Batches).
-
-    ``starved``: rank 1 waits 80 ms of each 100 ms step for data while rank 0 waits the same
-    time at the all-reduce; otherwise both ranks compute 98 ms and wait 1 ms.
-    """
-    store = SampleStore("demo-job")
-    infos = tuple(
-        RankInfo(
-            rank=r,
-            world_size=2,
-            local_rank=r,
-            host=HOST,
-            pid=4000 + r,
-            device=f"cuda:{r}",
-            parallel_mode="ddp",
-            devices=(r,),
-            loader=loader(),
-            unmeasured=unmeasured,
-            job="demo-job",
-        )
-        for r in range(2)
-    )
-    store.add(Batch(infos=infos))
-    for i in range(steps):
-        t = T0 + STEP_S * (i + 1)
-        rows = []
-        for r in range(2):
-            if starved and r == 1:
-                phases = dict(data_wait_s=0.080, forward_s=0.006, backward_s=0.0105, wait=0.0005)
-            elif starved:
-                phases = dict(data_wait_s=0.001, forward_s=0.006, backward_s=0.0895, wait=0.0795)
-            else:
-                phases = dict(data_wait_s=0.001, forward_s=0.030, backward_s=0.061, wait=0.001)
-            wait = phases.pop("wait")
-            rows.append(
-                StepSample(
-                    rank=r,
-                    step=i,
-                    time=t,
-                    step_s=STEP_S,
-                    h2d_s=0.001,
-                    optimizer_s=0.003,
-                    collective_wait_s=wait if collective else None,
-                    batch_size=32,
-                    rss_bytes=2_000_000_000 + r,
-                    mem_allocated_bytes=1_000_000_000,
-                    mem_reserved_bytes=1_500_000_000,
-                    mem_peak_bytes=1_200_000_000 + i,
-                    **phases,
-                )
-            )
-        procs: tuple[ProcessCpu, ...] = ()
-        nodes: tuple[NodeCpu, ...] = ()
-        if with_cpu and i % 5 == 4:
-            procs = tuple(
-                ProcessCpu(rank=r, time=t, pid=4000 + r, main_cpu=0.95, worker_cpu=(0.4, 0.4))
-                for r in range(2)
-            )
-            nodes = (NodeCpu(host=HOST, time=t, cores=16.0, busy_cores=4.0, load1=3.5),)
-        store.add(Batch(steps=tuple(rows), processes=procs, nodes=nodes))
-    return store
-
-
-def snapshot_of(store: SampleStore) -> Snapshot:
-    now = store.latest_time()
-    return store.snapshot(now if now is not None else T0, None)
-
-
-def starved_report(**kwargs: Any) -> tuple[Snapshot, list[Finding], dict[str, Any]]:
-    snap = snapshot_of(make_store(**kwargs))
-    findings = analyze(snap)
-    report = build_report(
-        command=["torchrun", "--nproc_per_node=2", "train.py", "--epochs", "1"],
-        exit_code=0,
-        duration_s=12.3456789,
-        snapshot=snap,
-        findings=findings,
-        notes=["GPU telemetry unavailable: no NVML on this host"],
-    )
-    return snap, findings, report
+from tests.helpers.reports import HOST, T0, make_store, snapshot_of, starved_report
 
 
 def test_report_has_exact_schema_keys() -> None:

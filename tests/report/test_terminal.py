@@ -9,8 +9,7 @@ from auditor.analysis.findings import Finding
 from auditor.report.json_report import build_report
 from auditor.report.terminal import render_live, render_verdict, wrap
 from auditor.samples import Batch
-
-from .test_json_report import T0, make_store, snapshot_of, starved_report
+from tests.helpers.reports import T0, make_store, snapshot_of, starved_report
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -370,6 +370,16 @@ def test_binds_loopback_by_default(service: Service) -> None:
 def test_stop_releases_the_port() -> None:
     server = ServiceServer(lambda: Published(), clock=lambda: T0).start()
     port = server.port
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as r:
+        assert r.status == 200  # it was serving on that port
     server.stop()
+    # Nothing answers there any more, and the port is free to bind again.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with socket.socket() as s:
+        # SO_REUSEADDR only lets the request's connection linger in TIME_WAIT: Linux still
+        # refuses the bind while a listening socket holds the port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+        s.listen()
+        assert s.getsockname() == ("127.0.0.1", port)

@@ -103,8 +103,9 @@ def gpu_answers(
             put(answers, "gpu_throttle", {**u, "reason": reason}, share)
 
 
-STARVED = {"data_wait": 0.08, "forward": 0.01, "backward": 0.011, "collective_wait": 0.001}
-WAITING = {"data_wait": 0.001, "forward": 0.01, "backward": 0.09, "collective_wait": 0.08}
+# Exclusive phases: backward holds no collective wait.
+STARVED = {"data_wait": 0.08, "forward": 0.01, "backward": 0.01, "collective_wait": 0.001}
+WAITING = {"data_wait": 0.001, "forward": 0.01, "backward": 0.01, "collective_wait": 0.08}
 
 
 def two_ranks() -> dict[str, list[Series]]:

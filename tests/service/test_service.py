@@ -78,7 +78,7 @@ def job_answers(
             "data_wait": 0.15 if is_starved else 0.002,
             "h2d": 0.004,
             "forward": 0.03,
-            "backward": 0.05 + wait,
+            "backward": 0.05,  # exclusive: the wait is its own phase
             "optimizer": 0.006,
             "collective_wait": wait,
         }

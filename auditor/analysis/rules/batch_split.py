@@ -5,10 +5,21 @@ sample. Decision: a split is uneven when the largest batch is at least ``min_rat
 smallest. Blamed: the ranks whose batch is larger than the one that equalises work; the others
 only wait for them.
 
-Fix: the per-rank batch sizes that equalise compute time while keeping the global batch:
-``b_r ~ 1 / (compute per sample of r)``, rounded so they still add up to the global batch.
-Equal-speed ranks get equal batches, which also restores DDP's equal weighting of every sample
-in the averaged gradient.
+Why it matters beyond speed (DDP and FSDP): the gradient is averaged with equal weight per rank,
+so a sample of a small-batch rank counts ``b_large / b_small`` times one of a large-batch rank;
+and with a ``DistributedSampler`` every rank draws the same number of samples per epoch, so the
+small-batch rank takes that many times more steps to finish its epoch: the ranks' epochs end at
+different steps (a collective then waits for a rank that has stopped, or the ranks drift apart
+in epochs). So an uneven split under DDP or FSDP is at least a ``warning``, whatever its speed
+effect.
+
+Fix: the equal split that keeps the global batch (48 + 16 -> 32 + 32), largest remainder where it
+does not divide; the evidence also gives the split that would equalise compute time
+(``b_r ~ 1 / (compute per sample of r)``). Where the ranks differ in speed enough for the two to
+differ, the fix adds the alternative that keeps the uneven split correct: weight each rank's loss
+by its share of the global batch. Blamed: the ranks whose batch is above the equal split (the
+others wait for them when speeds are equal). Predicted speed-up: the equal split's, under the
+barrier model.
 
 DataParallel: one process drives every GPU and splits each batch with ``torch.chunk``:
 ``ceil(batch / GPUs)`` per GPU, the last GPU the remainder (30 over 4 is 8, 8, 8, 6; 3 over 4
@@ -60,38 +71,71 @@ def detect(
         return []
     per_sample = {r: max(1e-9, s.compute_s / batches[r]) for r, s in sized.items()}
     total = round(sum(batches.values()))
-    target = equalising_split(total, per_sample)
-    blamed = sorted(r for r in sized if batches[r] > target[r])
+    equal = equalising_split(total, {r: 1.0 for r in sized})
+    by_speed = equalising_split(total, per_sample)
+    blamed = sorted(r for r in sized if batches[r] > equal[r])
     if not blamed:
         return []
     new_local = {
-        r: max(0.0, s.local_s - s.compute_s + per_sample[r] * target[r]) for r, s in sized.items()
+        r: max(0.0, s.local_s - s.compute_s + per_sample[r] * equal[r]) for r, s in sized.items()
     }
     speedup = predicted_speedup(stats, new_local)
+    averaged = _averages_gradients(snapshot, set(sized))
+    small = sorted(r for r in sized if batches[r] == lo)
+    large = sorted(r for r in sized if batches[r] == hi)
+    weight = hi / lo
+    # The split by speed differs from the equal one: the ranks differ in speed, and keeping an
+    # uneven split can be deliberate; it then needs loss weighting to stay correct.
+    speeds_differ = any(abs(by_speed[r] - equal[r]) > max(1, 0.1 * equal[r]) for r in sized)
     fixes: dict[int, str] = {}
     for r in sorted(sized):
-        if round(batches[r]) == target[r]:
+        if round(batches[r]) == equal[r]:
             continue
         note = "" if r in blamed else f" (keeps the global batch of {total})"
-        fixes[r] = with_expectation(f"batch_size {round(batches[r])} -> {target[r]}{note}", speedup)
-    summary = (
-        f"uneven per-rank batches ({_listing(batches)}): "
-        f"{ranks_text(blamed)} hold{'s' if len(blamed) == 1 else ''} the others back"
-    )
-    evidence = {
+        fix = f"batch_size {round(batches[r])} -> {equal[r]}{note}"
+        if r in blamed and averaged:
+            fix += f" (the equal split: {averaged} weighs every rank's gradient equally)"
+        if r in blamed and averaged and speeds_differ:
+            fix += (
+                f", or keep {round(batches[r])} for its speed and scale each rank's loss by its "
+                f"batch x {len(sized)} / {total} so every sample counts once"
+            )
+        fixes[r] = with_expectation(fix, speedup)
+    parts: list[str] = []
+    if speedup >= 1.02 or not averaged:
+        parts.append(f"{ranks_text(blamed)} hold{'s' if len(blamed) == 1 else ''} the others back")
+    if averaged:
+        parts.append(
+            f"each sample of {ranks_text(small)} counts {weight:.1f}x one of "
+            f"{ranks_text(large)} in the averaged gradient"
+        )
+    summary = f"uneven per-rank batches ({_listing(batches)}): " + ", and ".join(parts)
+    evidence: dict[str, object] = {
         "batch_size": {str(r): round(b) for r, b in sorted(batches.items())},
         "compute_ms": {str(r): round(s.compute_s * 1e3, 1) for r, s in sorted(sized.items())},
         "collective_wait_ms": {
             str(r): None if s.collective_wait_s is None else round(s.collective_wait_s * 1e3, 1)
             for r, s in sorted(sized.items())
         },
-        "equalising_batch_size": {str(r): b for r, b in sorted(target.items())},
+        "equal_batch_size": {str(r): b for r, b in sorted(equal.items())},
+        "equalising_batch_size": {str(r): b for r, b in sorted(by_speed.items())},
         "global_batch": total,
     }
+    severity = severity_for(speedup)
+    if averaged:
+        evidence["gradient_weighting"] = (
+            f"{averaged} averages gradients with equal weight per rank, so each sample of "
+            f"{ranks_text(small)} (batch {round(lo)}) counts {weight:.1f}x one of "
+            f"{ranks_text(large)} (batch {round(hi)})"
+        )
+        evidence["epoch_length"] = _epoch_text(snapshot, small, large, lo, hi)
+        evidence["sample_weight_ratio"] = round(weight, 3)
+        if severity == "info":
+            severity = "warning"  # a correctness concern whatever the speed effect
     return [
         Finding(
             kind="batch_split",
-            severity=severity_for(speedup),
+            severity=severity,
             ranks=tuple(blamed),
             summary=summary,
             evidence=evidence,
@@ -99,6 +143,30 @@ def detect(
             predicted_speedup=speedup,
         )
     ]
+
+
+def _averages_gradients(snapshot: Snapshot, ranks: set[int]) -> str:
+    """``"DDP"`` or ``"FSDP"`` where these ranks average their gradients with equal weight per
+    rank; empty otherwise."""
+    modes = {v.info.parallel_mode for v in snapshot.ranks if v.info.rank in ranks}
+    return "DDP" if "ddp" in modes else "FSDP" if "fsdp" in modes else ""
+
+
+def _epoch_text(
+    snapshot: Snapshot, small: list[int], large: list[int], lo: float, hi: float
+) -> str:
+    """Steps per epoch of the small-batch ranks against the large-batch ones, in words."""
+    samplers = {v.info.loader.sampler for v in snapshot.ranks if v.info.loader is not None}
+    ratio = hi / lo
+    steps = (
+        f"{ranks_text(small)} (batch {round(lo)}) take{'s' if len(small) == 1 else ''} "
+        f"{ratio:.1f}x the steps of "
+        f"{ranks_text(large)} (batch {round(hi)}) to go through it, so the ranks' epochs end "
+        "at different steps"
+    )
+    if "DistributedSampler" in samplers:
+        return f"DistributedSampler gives every rank the same samples per epoch: {steps}"
+    return f"if every rank draws the same samples per epoch (as with DistributedSampler), {steps}"
 
 
 def _listing(batches: dict[int, float]) -> str:

@@ -143,8 +143,7 @@ def _per_sample(s: RankStats) -> float:
 
 
 def _phase_s(s: RankStats, phase: str) -> float:
-    if phase == "backward":
-        return max(0.0, s.backward_s - (s.collective_wait_s or 0.0))
+    # Phases are exclusive: backward_s holds no collective wait.
     return float(getattr(s, f"{phase}_s"))
 
 

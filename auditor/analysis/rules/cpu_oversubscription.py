@@ -7,9 +7,15 @@ Decision: the host is at least ``min_host_busy`` busy, the workers of its ranks 
 cores, and a rank runs more workers than its data needs. A worker can use a whole core, so a rank
 whose workers together use ``w`` cores needs ``ceil(margin * w)`` of them; the rest only add
 runnable processes, memory (one dataset copy each) and start-up cost to a host that has no CPU
-to spare. Counted are ranks whose workers use at least ``min_worker_cpu`` cores together. Low CPU
-per worker is no sign of I/O-bound workers here: on a saturated host, many CPU-bound workers
-each get a sliver of a core.
+to spare. Counted are ranks whose workers use at least ``min_worker_cpu`` cores together.
+
+I/O-bound workers are not counted: a rank that waits for data (``io_wait_ratio`` of its step or
+more) keeps its workers loading all the time, and workers that then use well under the CPU a
+CPU-bound process gets on the host (:mod:`auditor.analysis.loading`) wait on storage or the
+network; they hold memory, not cores, and lowering them would starve the rank further. Low CPU
+per worker alone is no sign of I/O: on a saturated host many CPU-bound workers each get a sliver
+of a core, which the fair share accounts for; and the workers of a rank that does not wait for
+data sleep on a full queue.
 
 Fix: lower ``num_workers`` to what the data needs and the free cores allow (at least 1); it never
 raises it. Predicted speed-up: not predicted. In steady state the same decoding work runs on fewer
@@ -24,6 +30,7 @@ import math
 from collections.abc import Sequence
 
 from ..findings import Finding
+from ..loading import IO, fair_share, loading_cost
 from ..snapshot import Snapshot
 from .common import ranks_text, ready
 
@@ -38,6 +45,8 @@ def detect(
     severe_ratio: float = 2.0,
     min_worker_cpu: float = 0.25,
     min_samples: int = 3,
+    io_wait_ratio: float = 0.15,
+    io_bound_share: float = 0.25,
 ) -> list[Finding]:
     """Find hosts whose ranks run more DataLoader workers than there are free cores.
 
@@ -48,6 +57,10 @@ def detect(
         severe_ratio: workers / free cores at which the finding is a warning.
         min_worker_cpu: CPU (cores) a rank's workers must use together to be counted.
         min_samples: host CPU samples needed in the window.
+        io_wait_ratio: data wait share of the step from which a rank's workers count as
+            loading all the time, so that their CPU can tell I/O-bound from CPU-bound.
+        io_bound_share: workers below this share of a CPU-bound process's CPU on the host are
+            I/O-bound (see :mod:`auditor.analysis.loading`) and not counted.
     """
     stats = ready(snapshot.stats, min_steps)
     findings: list[Finding] = []
@@ -56,6 +69,18 @@ def detect(
         cpu = snapshot.host_cpu(host)
         rs = [r for r in ranks if r in stats and (stats[r].worker_cpu or 0.0) >= min_worker_cpu]
         if sampled < min_samples or not rs or cpu is None:
+            continue
+        io_bound: dict[int, float] = {}
+        share: float | None = None
+        for r in rs:
+            if stats[r].data_wait_ratio < io_wait_ratio:
+                continue  # workers that keep up sleep on a full queue: their CPU says nothing
+            share = fair_share(snapshot, host) if share is None else share
+            cost = loading_cost(snapshot, stats[r], io_bound_share=io_bound_share, share=share)
+            if cost.kind == IO and cost.cores is not None:
+                io_bound[r] = cost.cores
+        rs = [r for r in rs if r not in io_bound]
+        if not rs:
             continue
         cores, busy_cores = cpu
         if busy_cores < min_host_busy * cores:
@@ -105,6 +130,8 @@ def detect(
             "worker_cpu": {str(r): round(stats[r].worker_cpu or 0.0, 2) for r in rs},
             "recommended_workers": {str(r): target[r] for r in blamed},
             "worker_rss_removed_bytes_at_most": freed,
+            # Workers left out: they wait on I/O (cores each while loading).
+            "io_bound_workers_cpu_each": {str(r): round(v, 3) for r, v in sorted(io_bound.items())},
             "speedup_model": "not predicted: the same decoding work runs on fewer processes",
         }
         findings.append(

@@ -25,6 +25,15 @@ Decisions, per rank whose GPU's total memory is known:
   the lever: optimizer state (Adam keeps 4x the parameters, SGD 2-3x) and sharding are.
   Ranks an earlier ``memory_pressure`` finding already blamed are left to it.
 
+Measured budget (preferred where the probe sent one, :mod:`auditor.analysis.budget`): no fit
+and no batch variation needed. The fixed part (parameters, gradients, optimizer state, buffers,
+modules outside the model) and the activations per sample are measured; the capacity is the
+GPU's total less the margin, or on a CPU job the rank's share of the host's available memory.
+The same two verdicts follow from ``fixed + batch x per_sample`` against the capacity, and the
+evidence carries what each lever frees per rank (:meth:`~auditor.analysis.budget.BudgetModel.
+levers`) and which one is the lever (fixed part or activations). On a CPU job both stay ``info``
+unless the host is short of memory (available below ``host_short`` of its total).
+
 Speed-up: not predicted: whether a larger batch is faster depends on the GPU's saturation.
 """
 
@@ -38,6 +47,7 @@ from typing import Any
 
 from auditor.samples import DeviceSample
 
+from ..budget import BudgetModel, fmt_bytes, host_short, levers_text, model_for, parts_text
 from ..devices import (
     DeviceStats,
     device_stats,
@@ -198,6 +208,7 @@ def detect(
     min_r2: float = 0.8,
     margin: float = 0.10,
     underused: float = 0.60,
+    host_short: float = 0.05,
 ) -> list[Finding]:
     """Say how large a batch fits, where memory is underused or too tight.
 
@@ -207,9 +218,15 @@ def detect(
         min_r2: least goodness of the ``a + b * batch`` fit that is trusted.
         margin: share of the GPU's total kept free as a safety margin (0.10 = 10%).
         underused: peak memory below this share of the total counts as underused.
+        host_short: on a CPU job, host memory available below this share of its total is
+            short (findings then warn; otherwise they stay ``info``).
     """
     pressured = {r for f in prior if f.kind == "memory_pressure" for r in f.ranks}
     latest = {v.info.rank: _latest_batch(v) for v in snapshot.ranks}
+    budgeted = budget_models(snapshot, margin=margin)
+    findings: list[Finding] = _from_budgets(
+        budgeted, pressured, margin=margin, underused=underused, short_ratio=host_short
+    )
     roomy: dict[int, dict[str, Any]] = {}
     tight: dict[int, dict[str, Any]] = {}
     gpus: dict[int, DeviceStats] = {}
@@ -217,6 +234,8 @@ def detect(
         rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples).items()
     ):
         current = latest.get(r)
+        if r in budgeted:
+            continue  # measured: the budget's verdict stands
         if fit is None or gpu is None or not gpu.mem_total_bytes or current is None:
             continue
         if fit.per_sample_bytes <= 0 or fit.r2 < min_r2:
@@ -245,7 +264,6 @@ def detect(
             row["largest_batch_mixed_precision"] = fit.largest_batch(budget, MIXED_PRECISION_FACTOR)
             tight[r] = row
             gpus[r] = gpu
-    findings: list[Finding] = []
     if roomy:
         findings.append(_roomy(roomy, gpus, margin))
     if tight:
@@ -339,6 +357,110 @@ def _finding(
         evidence={
             "gpus": [gpus[r].ref for r in sorted(rows)],
             "per_rank": {str(r): row for r, row in sorted(rows.items())},
+            "margin": margin,
+            "speedup_model": SPEEDUP_NOTE,
+        },
+        fixes=fixes,
+        predicted_speedup=None,
+    )
+
+
+def budget_models(snapshot: Snapshot, *, margin: float) -> dict[int, BudgetModel]:
+    """Each rank's measured budget against its capacity, where the probe measured the
+    activations (the per-sample part) and the capacity is known."""
+    out: dict[int, BudgetModel] = {}
+    world = snapshot.world_size
+    for view in snapshot.ranks:
+        b = view.memory
+        if b is None or b.activations_per_sample is None:
+            continue
+        batch = _latest_batch(view) or b.activation_batch
+        model = model_for(b, batch=batch, margin=margin, world_size=world)
+        if model.capacity_bytes is not None and batch:
+            out[view.info.rank] = model
+    return out
+
+
+def _where(model: BudgetModel) -> str:
+    if model.budget.device_total_bytes:
+        return f"the GPU's {fmt_bytes(model.budget.device_total_bytes)}"
+    return "this rank's share of the host's available memory"
+
+
+def _from_budgets(
+    models: dict[int, BudgetModel],
+    pressured: set[int],
+    *,
+    margin: float,
+    underused: float,
+    short_ratio: float,
+) -> list[Finding]:
+    """The two verdicts from the measured budgets."""
+    roomy: dict[int, BudgetModel] = {}
+    tight: dict[int, BudgetModel] = {}
+    for r, m in sorted(models.items()):
+        current, cap, largest = m.current_bytes, m.capacity_bytes, m.largest_batch()
+        if current is None or cap is None or m.batch is None:
+            continue
+        if current > cap:
+            if r not in pressured:
+                tight[r] = m
+        elif current < underused * cap and largest is not None and largest > m.batch:
+            roomy[r] = m
+    out: list[Finding] = []
+    if roomy:
+        fixes = {
+            r: (
+                f"batch_size {m.batch} -> up to {m.largest_batch()} fits {_where(m)} with a "
+                f"{margin:.0%} margin ({parts_text(m)}); raise it only while throughput still "
+                "grows and scale the learning rate with it"
+            )
+            for r, m in roomy.items()
+        }
+        first = roomy[min(roomy)]
+        summary = (
+            f"{ranks_text(roomy)} hold{'s' if len(roomy) == 1 else ''} "
+            f"{fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable: a "
+            f"batch of up to {first.largest_batch()} fits (now {first.batch})"
+        )
+        out.append(_budget_finding("info", roomy, margin, summary, fixes))
+    if tight:
+        fixes = {}
+        for r, m in tight.items():
+            lever = "the fixed part" if m.main_lever == "fixed" else "the activations"
+            fixes[r] = (
+                f"batch {m.batch} needs about {fmt_bytes(m.current_bytes)} of "
+                f"{fmt_bytes(m.capacity_bytes)} usable ({_where(m)}; {parts_text(m)}); the lever "
+                f"is {lever}: {levers_text(m, fmt_bytes)}"
+            )
+        first = tight[min(tight)]
+        gpu = any(m.budget.device_total_bytes for m in tight.values())
+        short = any(host_short(m.budget, short_ratio) for m in tight.values())
+        summary = (
+            f"{ranks_text(tight)}: batch {first.batch} does not fit with a {margin:.0%} margin "
+            f"({fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable)"
+        )
+        out.append(
+            _budget_finding("warning" if gpu or short else "info", tight, margin, summary, fixes)
+        )
+    return out
+
+
+def _budget_finding(
+    severity: str,
+    models: dict[int, BudgetModel],
+    margin: float,
+    summary: str,
+    fixes: dict[int, str],
+) -> Finding:
+    return Finding(
+        kind="memory_headroom",
+        severity=severity,
+        ranks=tuple(sorted(models)),
+        summary=summary,
+        evidence={
+            "gpus": [],
+            "per_rank": {str(r): m.evidence() for r, m in sorted(models.items())},
             "margin": margin,
             "speedup_model": SPEEDUP_NOTE,
         },

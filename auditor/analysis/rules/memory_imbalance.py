@@ -21,6 +21,15 @@ GPU 0 carrying the gathered outputs is the ``dataparallel_gather`` rule's; it em
 ``memory_imbalance`` finding through :func:`imbalance_finding`, and this rule skips the GPUs an
 earlier finding already named.
 
+Measured budgets (the probe's, :class:`auditor.samples.MemoryBudget`): the ranks' parts are
+compared one by one (parameters, gradients, optimizer state, buffers, activations per step and
+modules outside the model). DDP ranks should hold the same bytes in each; a rank whose parts
+exceed its peers' medians by at least ``min_budget_extra_bytes`` in all and ``min_budget_share``
+of the peers' median total is blamed with the extra bytes by part: a rank keeping an extra copy
+of the model (EMA, evaluation) shows as ``other_module_bytes``. Ranks an NVML or probe-peak
+finding already blamed are not named twice. Works on a CPU job (no GPU needed); there, and
+wherever the rank's total stays below ``near_full`` of its GPU, the finding is ``info``.
+
 Speed-up: not predicted. Memory does not set the step time; it caps the batch. Severity:
 ``warning`` when the heavy GPU is at least ``near_full`` of its total at its peak, else ``info``.
 """
@@ -31,11 +40,31 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..budget import fmt_bytes
+from ..budget import host_short as is_host_short
 from ..devices import GIB, DeviceStats, device_stats, fmt_gib, gpu_owners, rank_gpus, stray_ranks
 from ..findings import Finding
 from ..snapshot import Snapshot
 from .common import PeerMedians, ready
 
+MIB = 1024**2
+# The parts of a measured budget compared across ranks (activation_bytes: one sampled step's).
+BUDGET_PARTS = (
+    "param_bytes",
+    "grad_bytes",
+    "optimizer_bytes",
+    "buffer_bytes",
+    "activation_bytes",
+    "other_module_bytes",
+)
+PART_NAMES = {
+    "param_bytes": "parameters",
+    "grad_bytes": "gradients",
+    "optimizer_bytes": "optimizer state",
+    "buffer_bytes": "buffers",
+    "activation_bytes": "activations",
+    "other_module_bytes": "modules outside the model",
+}
 SPEEDUP_NOTE = (
     "not predicted: memory does not set the step time; it caps the batch every rank can use"
 )
@@ -51,6 +80,9 @@ def detect(
     min_extra_bytes: int = GIB,
     near_full: float = 0.8,
     stray_share: float = 0.5,
+    min_budget_extra_bytes: int = MIB,
+    min_budget_share: float = 0.10,
+    host_short: float = 0.05,
 ) -> list[Finding]:
     """Find GPUs holding far more memory than their peers.
 
@@ -62,7 +94,47 @@ def detect(
         near_full: share of the GPU's total at which the finding becomes a warning.
         stray_share: other ranks' processes holding at least this share of the excess are
             the cause (blamed instead of the GPU's owner).
+        min_budget_extra_bytes: measured budgets: least extra bytes over the peers' medians.
+        min_budget_share: measured budgets: least extra as a share of the peers' median total.
+        host_short: a CPU job's host with available memory below this share of its total is
+            short (the budget finding then warns).
     """
+    findings = _detect_devices(
+        snapshot,
+        prior=prior,
+        min_steps=min_steps,
+        min_samples=min_samples,
+        min_ratio=min_ratio,
+        min_extra_bytes=min_extra_bytes,
+        near_full=near_full,
+        stray_share=stray_share,
+    )
+    blamed = {r for f in (*prior, *findings) if f.kind == "memory_imbalance" for r in f.ranks}
+    findings.extend(
+        _from_budgets(
+            snapshot,
+            blamed,
+            min_extra=min_budget_extra_bytes,
+            min_share=min_budget_share,
+            near_full=near_full,
+            short=host_short,
+        )
+    )
+    return findings
+
+
+def _detect_devices(
+    snapshot: Snapshot,
+    *,
+    prior: Sequence[Finding],
+    min_steps: int,
+    min_samples: int,
+    min_ratio: float,
+    min_extra_bytes: int,
+    near_full: float,
+    stray_share: float,
+) -> list[Finding]:
+    """GPU memory (NVML) or the probe's per-step peaks across ranks."""
     stats = ready(snapshot.stats, min_steps)
     if not stats:
         return []
@@ -312,6 +384,93 @@ def _from_probe(
                         "tensors, an EMA or checkpoint copy, `if rank == 0:` branches)"
                     )
                 },
+            )
+        )
+    return out
+
+
+def _from_budgets(
+    snapshot: Snapshot,
+    blamed: set[int],
+    *,
+    min_extra: float,
+    min_share: float,
+    near_full: float,
+    short: float,
+) -> list[Finding]:
+    """Ranks whose measured parts exceed their peers' (see the module doc)."""
+    budgets = {
+        v.info.rank: v.memory
+        for v in snapshot.ranks
+        if v.memory is not None and v.info.parallel_mode != "dataparallel"
+    }
+    if len(budgets) < 2:
+        return []
+    parts: dict[str, dict[int, float]] = {
+        p: {r: float(getattr(b, p)) for r, b in budgets.items() if getattr(b, p) is not None}
+        for p in BUDGET_PARTS
+    }
+    totals = {r: sum(parts[p].get(r, 0.0) for p in BUDGET_PARTS) for r in budgets}
+    peer_totals = PeerMedians(totals)
+    out: list[Finding] = []
+    for r, b in sorted(budgets.items()):
+        if r in blamed:
+            continue
+        extra: dict[str, int] = {}
+        for p in BUDGET_PARTS:
+            if r not in parts[p] or len(parts[p]) < 2:
+                continue
+            over = parts[p][r] - peer_median_bytes(parts[p], r)
+            if over > 0:
+                extra[p] = round(over)
+        excess = sum(extra.values())
+        peer_total = peer_totals.get(r) or 0.0
+        if excess < min_extra or excess < min_share * peer_total:
+            continue
+        main = max(extra, key=lambda p: extra[p])
+        what = ", ".join(
+            f"{PART_NAMES[p]} +{fmt_bytes(v)}"
+            for p, v in sorted(extra.items(), key=lambda kv: -kv[1])
+            if v >= 0.01 * excess
+        )
+        full = (
+            b.device_total_bytes is not None and totals[r] >= near_full * b.device_total_bytes
+        ) or (b.device_total_bytes is None and is_host_short(b, short))
+        if main == "other_module_bytes":
+            fix = (
+                f"rank {r} keeps {fmt_bytes(extra[main])} in modules outside the model (an EMA "
+                "or evaluation copy made with deepcopy): keep it on the CPU, update it every few "
+                "steps, or keep it on every rank alike (or shard it); every rank can then use "
+                "the batch the heaviest one allows"
+            )
+        else:
+            fix = (
+                f"rank {r} holds {fmt_bytes(excess)} more than its peers ({what}): find what "
+                "only this rank keeps (a larger batch, extra parameters or optimizer state, "
+                "`if rank == 0:` branches)"
+            )
+        out.append(
+            Finding(
+                kind="memory_imbalance",
+                severity="warning" if full else "info",
+                ranks=(r,),
+                summary=(
+                    f"rank {r} holds {fmt_bytes(excess)} more than its peers' measured memory "
+                    f"({what})"
+                ),
+                evidence={
+                    "gpus": [],
+                    "source": "measured budget (probe)",
+                    "extra_bytes": excess,
+                    "extra_by_part": extra,
+                    "per_rank": {
+                        str(q): {p: parts[p].get(q) for p in BUDGET_PARTS} for q in sorted(budgets)
+                    },
+                    "peer_median_total_bytes": round(peer_total),
+                    "speedup_model": SPEEDUP_NOTE,
+                },
+                fixes={r: fix},
+                predicted_speedup=None,
             )
         )
     return out

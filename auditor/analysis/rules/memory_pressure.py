@@ -20,6 +20,13 @@ large: the evidence says which); gradient checkpointing; mixed precision. Where 
 change while memory rose, something is kept across steps (a loss summed as a tensor, outputs
 appended to a list): said first. The time to full is the headroom over the recent slope.
 
+Measured budget (where the probe sent one, :mod:`auditor.analysis.budget`): the suggested batch
+comes from the measured ``fixed + batch x activations per sample`` (no fit, no batch variation
+needed), and each fix lists what the levers free per rank, in bytes. A CPU job has no GPU to
+fill: its ranks are judged on the host, where the finding is raised only when memory is actually
+short (available below ``host_short`` of the host's total; ``critical`` below
+``host_critical``).
+
 Speed-up: not predicted: this prevents a crash, it does not change the step time.
 """
 
@@ -29,6 +36,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..budget import BudgetModel, fmt_bytes, levers_text, model_for, parts_text
 from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners
 from ..findings import Finding
 from ..snapshot import RankView, Snapshot
@@ -49,6 +57,8 @@ def detect(
     min_rise_bytes: int = 256 * MIB,
     target_ratio: float = 0.85,
     min_r2: float = 0.8,
+    host_short: float = 0.05,
+    host_critical: float = 0.02,
 ) -> list[Finding]:
     """Find GPUs that are nearly full and still filling.
 
@@ -60,13 +70,18 @@ def detect(
         min_rise_bytes: least fitted rise of used memory over the window.
         target_ratio: share of the total the suggested batch should peak at.
         min_r2: least goodness of a rank's memory fit used to size the batch.
+        host_short: a CPU job's host with available memory below this share of its total is
+            short of memory (warning).
+        host_critical: below this share, critical.
     """
     if snapshot.ranks and max((v.step_count for v in snapshot.ranks), default=0) < min_steps:
         return []
     owners = gpu_owners(snapshot)
     fits = rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples)
     views = {v.info.rank: v for v in snapshot.ranks}
-    findings: list[Finding] = []
+    findings: list[Finding] = _host_short(
+        snapshot, short=host_short, critical=host_critical, target_ratio=target_ratio
+    )
     stats = device_stats(snapshot)
     for uuid, d in sorted(stats.items(), key=lambda kv: (kv[1].node, kv[1].index)):
         if d.lost or d.samples < min_samples or not d.mem_total_bytes:
@@ -91,7 +106,16 @@ def detect(
             fit = fits.get(r, (None, None))[0]
             if fit is not None and (fit.r2 < min_r2 or fit.per_sample_bytes <= 0):
                 fit = None
-            fix, row = _rank_fix(views.get(r), d, fit, target_ratio)
+            view = views.get(r)
+            budget = None
+            if view is not None and view.memory is not None and view.memory.activation_batch:
+                budget = model_for(
+                    view.memory,
+                    batch=(_batches(view) or [view.memory.activation_batch])[-1],
+                    margin=1.0 - target_ratio,
+                    world_size=snapshot.world_size,
+                )
+            fix, row = _rank_fix(view, d, fit, target_ratio, budget)
             fixes[r] = f"{state}: {fix}"
             per_rank[str(r)] = row
         generic = f"{state}: {_generic_fix()}"
@@ -132,7 +156,11 @@ def _batches(view: RankView | None) -> list[int]:
 
 
 def _rank_fix(
-    view: RankView | None, d: DeviceStats, fit: MemoryFit | None, target_ratio: float
+    view: RankView | None,
+    d: DeviceStats,
+    fit: MemoryFit | None,
+    target_ratio: float,
+    budget: BudgetModel | None = None,
 ) -> tuple[str, dict[str, Any]]:
     batches = _batches(view)
     current = batches[-1] if batches else None
@@ -141,7 +169,10 @@ def _rank_fix(
     peak = d.mem_used_max_bytes or 0
     suggested: int | None = None
     basis = "unknown batch"
-    if current is not None and fit is not None:
+    if current is not None and budget is not None and budget.per_sample_bytes:
+        suggested = budget.largest_batch(target_bytes)
+        basis = "measured budget: fixed part + batch x activations per sample"
+    elif current is not None and fit is not None:
         suggested = fit.largest_batch(target_bytes)
         basis = "fitted memory = a + b * batch"
     elif current is not None and peak > 0:
@@ -157,15 +188,81 @@ def _rank_fix(
     options: list[str] = []
     if current is not None and suggested is not None and 0 < suggested < current:
         options.append(f"batch_size {current} -> {suggested} (about {target_ratio:.0%} of the GPU)")
-    options.append(_generic_fix())
+    if budget is not None and budget.levers():
+        options.append(f"{levers_text(budget, fmt_bytes)} ({parts_text(budget)})")
+    else:
+        options.append(_generic_fix())
     fix = leak + ", or ".join(options)
-    row = {
+    row: dict[str, Any] = {
         "current_batch": current,
         "suggested_batch": suggested,
         "basis": basis,
         "target_bytes": round(target_bytes),
     }
+    if budget is not None:
+        row["budget"] = budget.evidence()
     return fix, row
+
+
+def _host_short(
+    snapshot: Snapshot, *, short: float, critical: float, target_ratio: float
+) -> list[Finding]:
+    """CPU ranks (a measured budget, no GPU) on a host whose available memory is short."""
+    by_host: dict[str, list[RankView]] = {}
+    for v in snapshot.ranks:
+        b = v.memory
+        if b is None or b.device_total_bytes or b.host_available_bytes is None:
+            continue
+        if not b.host_total_bytes or b.host_available_bytes >= short * b.host_total_bytes:
+            continue
+        by_host.setdefault(v.info.host, []).append(v)
+    out: list[Finding] = []
+    for host, views in sorted(by_host.items()):
+        latest = max((v.memory for v in views if v.memory is not None), key=lambda b: b.time)
+        total = latest.host_total_bytes or 0
+        avail = latest.host_available_bytes or 0
+        ratio = avail / total if total else 0.0
+        fixes: dict[int, str] = {}
+        per_rank: dict[str, Any] = {}
+        for v in sorted(views, key=lambda v: v.info.rank):
+            assert v.memory is not None
+            batches = _batches(v)
+            m = model_for(
+                v.memory,
+                batch=batches[-1] if batches else v.memory.activation_batch,
+                margin=1.0 - target_ratio,
+                world_size=snapshot.world_size,
+            )
+            levers = levers_text(m, fmt_bytes) or _generic_fix()
+            fixes[v.info.rank] = (
+                f"host {host or '?'} has {fmt_bytes(avail)} of {fmt_bytes(total)} available: "
+                f"{levers} ({parts_text(m)})"
+            )
+            per_rank[str(v.info.rank)] = m.evidence()
+        ranks = tuple(sorted(v.info.rank for v in views))
+        out.append(
+            Finding(
+                kind="memory_pressure",
+                severity="critical" if ratio < critical else "warning",
+                ranks=ranks,
+                summary=(
+                    f"host {host or '?'} is short of memory ({fmt_bytes(avail)} of "
+                    f"{fmt_bytes(total)} available, {ratio:.0%}) on rank "
+                    f"{', '.join(str(r) for r in ranks)}"
+                ),
+                evidence={
+                    "gpus": [],
+                    "host": host,
+                    "host_total_bytes": total,
+                    "host_available_bytes": avail,
+                    "per_rank": per_rank,
+                    "speedup_model": SPEEDUP_NOTE,
+                },
+                fixes=fixes,
+                predicted_speedup=None,
+            )
+        )
+    return out
 
 
 def _generic_fix() -> str:

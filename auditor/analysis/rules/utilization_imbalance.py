@@ -1,8 +1,8 @@
 """utilization_imbalance: busy time spread across the job's ranks (90% against 50%).
 
-Metric: per rank, the share of the step spent computing (h2d, forward, backward minus the
-collective wait, optimizer). Decision: the spread between the busiest and the least busy rank is
-at least ``min_spread``.
+Metric: per rank, the share of the step spent computing (``compute_s``: h2d, forward, backward
+and optimizer, the waits excluded). Decision: the spread between the busiest and the least busy
+rank is at least ``min_spread``.
 
 Attribution: the spread is a symptom. The ranks blamed are the ones the others wait for: the ones
 that wait least at the all-reduce, among the ranks where the wait was measured. Never the ranks
@@ -11,6 +11,13 @@ are not the cause. Where no wait was measured at all, a rank's busy time include
 so only a cause finding can attribute the spread; without one the rule stays silent. The cause
 is the earlier finding that blames the same ranks (uneven batch, compute straggler, data
 starvation); its fixes and speed-up are carried over.
+
+Two kinds of rank are never blamed. A rank whose step is mostly collective wait
+(``max_wait_ratio`` or more) is waiting, not being waited for. And where a peer waits for data
+(a ``data_starvation`` finding), a rank no cause names is not what the job waits for: it waits
+for the starved peer, and if its busy time looks high, that is waiting the probe booked as work
+(a collective it could not time, a framework's gather before forward). The starved ranks are
+blamed instead, with starvation as the cause.
 
 GPU busy time: where NVML samples exist, the spread is also computed from each GPU's median
 utilisation (the job's GPUs: those its ranks own), so a DataParallel job, one process driving
@@ -50,6 +57,7 @@ def detect(
     min_spread: float = 0.25,
     min_samples: int = 5,
     min_wait_gap: float = 0.05,
+    max_wait_ratio: float = 0.5,
 ) -> list[Finding]:
     """Find a busy-time spread and attribute it.
 
@@ -60,6 +68,8 @@ def detect(
         min_samples: NVML samples a GPU needs in the window before its utilisation counts.
         min_wait_gap: when only the GPU spread is large, the waits must differ by this share of
             the step before the least-waiting ranks are blamed.
+        max_wait_ratio: a rank whose collective wait is this share of its step or more is
+            never blamed (0.5 = half the step).
     """
     stats = ready(snapshot.stats, min_steps)
     if not stats:
@@ -77,9 +87,15 @@ def detect(
     waits_differ = len(waits) >= 2 and (
         spread >= min_spread or max(waits.values()) - min(waits.values()) >= min_wait_gap * step
     )
+    starvation = next((f for f in prior if f.kind == "data_starvation"), None)
+    starved = set(starvation.ranks) & set(stats) if starvation else set()
+    named = {r for f in prior if f.kind in _CAUSES for r in f.ranks}
     if waits_differ:
         lo, hi = min(waits.values()), max(waits.values())
         blamed = sorted(r for r, w in waits.items() if w <= lo + 0.25 * (hi - lo))
+        if starved:
+            # Peers wait for data: only a rank some cause names can be what the job waits for.
+            blamed = [r for r in blamed if r in named] or sorted(starved)
         cause = next(
             (f for kind in _CAUSES for f in prior if f.kind == kind and set(blamed) & set(f.ranks)),
             None,
@@ -92,6 +108,10 @@ def detect(
         if cause is None:
             return []
         blamed = sorted(set(cause.ranks) & set(stats))
+    # A rank that mostly waits at the collectives is not the one the others wait for.
+    blamed = [r for r in blamed if stats[r].wait_ratio < max_wait_ratio]
+    if not blamed:
+        return []
     if cause is not None:
         fixes = {r: fx for r, fx in cause.fixes.items() if r in blamed}
         speedup = cause.predicted_speedup
@@ -134,6 +154,19 @@ def detect(
         "spread": round(spread, 3),
         "collective_wait_ms": {str(r): round(w * 1e3, 1) for r, w in sorted(waits.items())},
     }
+    ops = {
+        str(r): {op: round(w * 1e3, 1) for op, w in sorted(s.collective_ops.items())}
+        for r, s in sorted(stats.items())
+        if s.collective_ops
+    }
+    if ops:
+        evidence["collective_ops_ms"] = ops
+    unmeasured = sorted(r for r, s in stats.items() if s.collective_wait_s is None)
+    if unmeasured and len(stats) >= 2:
+        whose = "its" if len(unmeasured) == 1 else "their"
+        evidence["not_measured"] = [
+            f"collective wait on {ranks_text(unmeasured)}: {whose} waiting may read as busy time"
+        ]
     if gpus:
         ordered = sorted(gpus.values(), key=lambda d: (d.node, d.index))
         evidence["gpu_busy_ratio"] = {d.uuid: round(gpu_busy[d.uuid], 3) for d in ordered}

@@ -27,6 +27,9 @@ p.add_argument("--item-sleep", type=float, default=0.0)
 p.add_argument(
     "--hook", choices=["none", "before", "after", "builtin", "builtin-after"], default="none"
 )
+# The builtin hook the script registers: FP16_COMPRESS rounds the gradients it all-reduces to
+# float16, an effect on the trained weights that shows the hook really ran.
+p.add_argument("--builtin", choices=["allreduce", "fp16"], default="allreduce")
 p.add_argument("--exit-code", type=int, default=0)
 args = p.parse_args()
 
@@ -83,7 +86,8 @@ def register(ddp) -> None:
     if args.hook in ("before", "after"):
         ddp.register_comm_hook(None, counting_hook)
     else:
-        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        kinds = {"allreduce": "ALLREDUCE", "fp16": "FP16_COMPRESS"}
+        ddp._register_builtin_comm_hook(getattr(dist.BuiltinCommHookType, kinds[args.builtin]))
 
 
 torch.manual_seed(0)
@@ -119,14 +123,18 @@ for i, (x, y) in enumerate(batches()):
     if i == 0 and args.ddp and args.hook in ("after", "builtin-after"):
         register(model)
 
-# Reference: the same updates, computed functionally (invisible to the probe).
+# Reference: the same updates, computed functionally (invisible to the probe). A builtin
+# FP16_COMPRESS hook rounds the gradients of the steps it ran for (from the first, or from the
+# second where the script registers it after its first step) to float16.
+hooked_from = 1 if args.hook.endswith("after") else 0
+rounded = args.ddp and args.hook.startswith("builtin") and args.builtin == "fp16"
 ref = [t.clone().requires_grad_(True) for t in initial]
 grads = [torch.zeros_like(t) for t in ref]
 for i, (x, y) in enumerate(seen):
     h = F.relu(F.linear(x, ref[0], ref[1]))
     loss = F.mse_loss(F.linear(h, ref[2], ref[3]), y) / args.accum
     for acc, g in zip(grads, torch.autograd.grad(loss, ref), strict=True):
-        acc += g
+        acc += g.half().float() if rounded and i >= hooked_from else g
     if (i + 1) % args.accum == 0:
         with torch.no_grad():
             for t, g in zip(ref, grads, strict=True):

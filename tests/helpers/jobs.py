@@ -7,8 +7,9 @@ So, per step:
 
 * ``local_r = data_wait + h2d + forward + backward + optimizer`` (jittered),
 * ``collective_wait_r = comm + max_q(local_q) - local_r`` (the slowest rank waits ``comm`` only),
-* ``backward_s = backward + collective_wait_r`` (the probe's backward is wall time and
-  includes the wait),
+* ``backward_s = backward``: the probe's phases are exclusive, the wait is carved out of
+  backward; where the wait is not measured (a builtin comm hook) it stays inside backward,
+  ``backward_s = backward + collective_wait_r``,
 * ``step_s = max_q(local_q) + comm``, the same on every rank.
 
 Each phase gets multiplicative jitter ``uniform(-jitter, +jitter)`` from a seeded RNG, so the
@@ -173,7 +174,8 @@ class JobBuilder:
                     data_wait_s=p["data_wait"],
                     h2d_s=p["h2d"],
                     forward_s=p["forward"],
-                    backward_s=p["backward"] + wait,
+                    # Exclusive phases; an unmeasured DDP wait stays inside backward.
+                    backward_s=p["backward"] + (0.0 if spec.measure_wait else wait),
                     optimizer_s=p["optimizer"],
                     collective_wait_s=wait if spec.measure_wait else None,
                     batch_size=spec.batch_size,

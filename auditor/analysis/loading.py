@@ -1,0 +1,187 @@
+"""Loading cost: what a rank's data loading costs in CPU, and whether it waits on I/O or the CPU.
+
+Metric, per rank: the wall time one loader takes to produce one batch (``load_s``), the CPU that
+batch costs (``cpu_s``), and their ratio, the cores the loading used while it loaded:
+
+* ``num_workers == 0``: the main process loads while the rank waits, so the load time is the
+  data wait itself and its CPU is the main thread's CPU during that wait (``data_cpu_s``, the
+  probe's ``thread_time`` around the loader's ``__next__``);
+* ``a`` workers: psutil measures each worker's CPU (cores). A worker that cannot keep up loads
+  all the time, delivering one batch per ``load_s = a * step`` (the rank consumes one batch
+  per step), at ``cpu_s = (its cores) * load_s``. Only for a rank that waits for data: a worker
+  that keeps up sleeps on a full queue, and its low CPU then says nothing about I/O.
+
+Decision: loading is I/O-bound when it used less than ``io_bound_share`` of the CPU a CPU-bound
+loader would get on its host (it sat waiting on storage or the network), CPU-bound otherwise,
+unknown where its CPU was not measured.
+
+What a CPU-bound loader gets (``fair_share``): one core, unless the host's runnable work
+outnumbers its cores; then ``cores / competitors``, or the idle cores where more are idle (a
+CPU-bound loader would have taken them). Competitors are the job's processes on the
+host, each counting as many as the cores it uses (at least one: a process that may run competes),
+plus the busy cores no job process explains (other jobs), or the 1-minute load average where that
+is higher. This is why low CPU per worker on a saturated host is not taken for I/O at face value:
+eight CPU-bound workers sharing two free cores each get a sliver, and that sliver is their fair
+share, not a sign of waiting on storage.
+
+Assumptions: one loader (the main thread or a worker) loads one batch at a time; with
+``num_workers == 0`` the loading runs on the main thread (a dataset that decodes on a thread pool
+of its own reads as I/O-bound); the load average counts runnable processes (on Linux it also
+counts processes in uninterruptible disk sleep, which only makes the share smaller and the
+verdict lean to CPU-bound).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .snapshot import Snapshot
+from .stats import RankStats
+
+IO = "io"
+CPU = "cpu"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class LoadingCost:
+    """One rank's loading: its load time and CPU per batch, and the verdict they give."""
+
+    rank: int
+    # Loaders: DataLoader workers, or 0 where the main process loads.
+    workers: int
+    # Wall seconds one loader takes per batch.
+    load_s: float
+    # CPU seconds one batch costs; None where not measured.
+    cpu_s: float | None
+    # Cores a CPU-bound loader would get on the rank's host (<= 1).
+    fair_share: float
+    # IO, CPU or UNKNOWN.
+    kind: str
+    # What could not be measured, in words (empty when everything was).
+    missing: str = ""
+
+    @property
+    def cores(self) -> float | None:
+        """CPU the loading used while it loaded (cores); None where not measured."""
+        if self.cpu_s is None or self.load_s <= 0:
+            return None
+        return self.cpu_s / self.load_s
+
+    @property
+    def share_used(self) -> float | None:
+        """``cores`` as a share of what a CPU-bound loader would get here."""
+        cores = self.cores
+        return None if cores is None else cores / max(1e-9, self.fair_share)
+
+    def why(self) -> str:
+        """The verdict with its figures, for a finding's evidence."""
+        if self.kind == UNKNOWN:
+            return f"not known whether loading waits on I/O or the CPU: {self.missing}"
+        who = "the main process" if self.workers == 0 else f"each of {self.workers} workers"
+        used = (
+            f"{who} used {self.cores or 0.0:.2f} cores while loading "
+            f"({(self.cpu_s or 0.0) * 1e3:.0f} ms CPU per {self.load_s * 1e3:.0f} ms batch load), "
+            f"{(self.share_used or 0.0) * 100:.0f}% of the {self.fair_share:.2f} core a "
+            "CPU-bound loader gets on this host"
+        )
+        if self.kind == IO:
+            return f"I/O-bound: {used}; more workers cost memory, not cores"
+        return f"CPU-bound: {used}"
+
+    def evidence(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "loaders": max(1, self.workers),
+            "load_per_batch_ms": round(self.load_s * 1e3, 1),
+            "cpu_per_batch_ms": None if self.cpu_s is None else round(self.cpu_s * 1e3, 1),
+            "cores_while_loading": None if self.cores is None else round(self.cores, 3),
+            "cpu_share_available": round(self.fair_share, 3),
+            "why": self.why(),
+        }
+
+
+def fair_share(snapshot: Snapshot, host: str) -> float:
+    """Cores one CPU-bound process would get on ``host`` (1.0 where the host was not sampled or
+    has cores to spare); see the module docstring."""
+    cpu = snapshot.host_cpu(host)
+    if cpu is None:
+        return 1.0
+    cores, busy = cpu
+    competitors = 0.0
+    explained = 0.0
+    stats = snapshot.stats
+    for rank in snapshot.hosts().get(host, ()):
+        s = stats.get(rank)
+        if s is None:
+            continue
+        main = s.main_cpu or 0.0
+        competitors += max(1.0, main)
+        explained += main
+        each = s.worker_cpu_each
+        if s.workers > 0:
+            competitors += s.workers * max(1.0, each or 0.0)
+            explained += s.worker_cpu or 0.0
+    competitors += max(0.0, busy - explained)
+    samples = snapshot.nodes_by_host.get(host, ())
+    load = statistics.median(n.load1 for n in samples) if samples else 0.0
+    competitors = max(competitors, load)
+    # Idle cores are there for the taking: a CPU-bound loader would have used them.
+    share = max(cores - busy, cores / competitors if competitors > 0 else 1.0)
+    return max(1e-3, min(1.0, share))
+
+
+def loading_cost(
+    snapshot: Snapshot,
+    s: RankStats,
+    *,
+    io_bound_share: float = 0.25,
+    share: float | None = None,
+) -> LoadingCost:
+    """The loading cost of rank ``s`` (see the module docstring).
+
+    Args:
+        io_bound_share: loading that used less than this share of the CPU a CPU-bound loader
+            would get on its host counts as I/O-bound (0.25 = a quarter).
+        share: the host's :func:`fair_share`, where the caller computed it once for the host.
+    """
+    # The DataLoader's setting; where the probe never saw the loader, the workers seen.
+    workers = s.loader.num_workers if s.loader else s.workers
+    if share is None:
+        share = fair_share(snapshot, s.host)
+    if workers == 0:
+        load_s = s.data_wait_s
+        cpu_s = None if s.data_cpu_s is None else min(s.data_cpu_s, s.data_wait_s)
+        missing = "" if cpu_s is not None else "the main thread's CPU during the data wait"
+    else:
+        load_s = workers * s.step_s
+        each = s.worker_cpu_each
+        cpu_s = None if each is None else each * load_s
+        missing = "" if cpu_s is not None else "the DataLoader workers' CPU"
+    if cpu_s is None or load_s <= 0:
+        kind = UNKNOWN
+    else:
+        kind = IO if cpu_s / load_s < io_bound_share * share else CPU
+    return LoadingCost(
+        rank=s.rank,
+        workers=workers,
+        load_s=load_s,
+        cpu_s=cpu_s,
+        fair_share=share,
+        kind=kind,
+        missing=missing or ("no data wait to judge" if load_s <= 0 else ""),
+    )
+
+
+def host_available_bytes(snapshot: Snapshot, host: str) -> int | None:
+    """The host's available memory as its ranks last measured it (the least reported, since
+    they share it); None where no rank on the host reported a memory budget."""
+    seen = [
+        v.memory.host_available_bytes
+        for v in snapshot.ranks
+        if v.info.host == host
+        and v.memory is not None
+        and v.memory.host_available_bytes is not None
+    ]
+    return min(seen) if seen else None

@@ -1,0 +1,162 @@
+"""The audit pipeline: batches in, verdicts out.
+
+One :class:`Audit` owns the window, the sample store, the rules and the final verdict; whatever
+feeds it batches is its source: this node's agent, the job view with every other node's batches
+(:mod:`auditor.cluster.jobview`), a recording, Prometheus answers. It also keeps what the store
+does not: which ranks died (their connection closed without the probe's goodbye) at which step,
+and the state of every node of a job that spans several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from auditor.analysis import SampleStore, analyze
+from auditor.analysis.findings import Finding
+from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
+from auditor.report.json_report import build_report
+from auditor.samples import Batch
+
+
+@dataclass(frozen=True)
+class DeadRank:
+    """A rank that ended without its probe's goodbye while the job ran."""
+
+    rank: int
+    node: str
+    last_step: int | None
+    # Seen dead in the first batch that reported deaths: the cause, not a casualty of the
+    # launcher tearing down the others.
+    first: bool
+    exit_status: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "last_step": self.last_step,
+            "first": self.first,
+            "exit_status": self.exit_status,
+        }
+
+    def sentence(self) -> str:
+        where = f" on {self.node}" if self.node else ""
+        step = "before its first step" if self.last_step is None else f"after step {self.last_step}"
+        status = (
+            f"exit status {self.exit_status}"
+            if self.exit_status is not None
+            else "exit status unknown (its launcher reaped it)"
+        )
+        return f"rank {self.rank}{where} died {step} ({status})"
+
+
+class Audit:
+    """One job's audit, fed batch by batch."""
+
+    def __init__(
+        self,
+        job: str,
+        *,
+        window_s: float | None = 10.0,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        on_add: Callable[[Batch], None] | None = None,
+        warmup_steps: int = WARMUP_STEPS,
+    ) -> None:
+        self.job = job
+        self.window_s = window_s
+        self.overrides: dict[str, dict[str, Any]] = {
+            k: dict(v) for k, v in (overrides or {}).items()
+        }
+        self.store = SampleStore(job, on_add=on_add, warmup_steps=warmup_steps)
+        self.findings: list[Finding] = []
+        self._last_step: dict[int, int] = {}
+        self._died: dict[int, DeadRank] = {}
+        self.nodes: list[dict[str, Any]] = []  # the job view's node states (multi-node jobs)
+
+    # --- in ---------------------------------------------------------------------------------
+    def add(self, batch: Batch) -> None:
+        for s in batch.steps:
+            if s.step > self._last_step.get(s.rank, -1):
+                self._last_step[s.rank] = s.step
+        self.store.add(batch)
+        if batch.died:
+            first = not self._died
+            infos = self.store.infos
+            for r in batch.died:
+                if r not in self._died:
+                    host = infos[r].host if r in infos else ""
+                    self._died[r] = DeadRank(r, host, self._last_step.get(r), first)
+
+    def add_all(self, batches: Sequence[Batch]) -> None:
+        for b in batches:
+            self.add(b)
+
+    def set_exit_status(self, pid: int, status: int) -> None:
+        """A dead rank's exit status, where the auditor reaped it itself (its direct child)."""
+        for r, d in self._died.items():
+            info = self.store.infos.get(r)
+            if info is not None and info.pid == pid:
+                self._died[r] = DeadRank(d.rank, d.node, d.last_step, d.first, status)
+
+    # --- out --------------------------------------------------------------------------------
+    @property
+    def dead_ranks(self) -> list[DeadRank]:
+        return sorted(self._died.values(), key=lambda d: (not d.first, d.rank))
+
+    def judge(self, now: float) -> tuple[Snapshot, list[Finding]]:
+        """The live verdict over the window ending at ``now`` (this node's clock)."""
+        snap = self.store.snapshot(now, self.window_s)
+        self.findings = analyze(snap, self.overrides)
+        return snap, self.findings
+
+    def final(
+        self, now: float | None = None, window_s: float | None = None
+    ) -> tuple[Snapshot, list[Finding]]:
+        """The verdict over the whole run (what the store still holds), or over the last
+        ``window_s`` seconds before ``now`` (default: the newest sample)."""
+        end = now if now is not None else self.store.latest_time()
+        snap = self.store.snapshot(end if end is not None else 0.0, window_s)
+        if self.store.ranks:
+            self.findings = analyze(snap, self.overrides)
+        return snap, list(self.findings)
+
+    def report(
+        self,
+        *,
+        command: Sequence[str],
+        exit_code: int | None,
+        duration_s: float,
+        notes: Sequence[str] = (),
+        interrupted: bool = False,
+        now: float | None = None,
+        window_s: float | None = None,
+    ) -> dict[str, Any]:
+        """The final report document, with the job's nodes and dead ranks where there are."""
+        snap, findings = self.final(now, window_s)
+        notes = list(notes)
+        dead = self.dead_ranks
+        if not interrupted:
+            notes += [d.sentence() for d in dead if d.first]
+        lost = [n for n in self.nodes if n.get("state") == "lost"]
+        for n in lost:
+            ranks = ", ".join(str(r) for r in n.get("ranks") or ()) or "none"
+            notes.append(
+                f"node {n['node']} was lost mid-run (ranks {ranks}); its last samples are kept"
+            )
+        report = build_report(
+            command=command,
+            exit_code=exit_code,
+            duration_s=duration_s,
+            snapshot=snap,
+            findings=findings,
+            job=self.job,
+            notes=notes,
+            interrupted=interrupted,
+        )
+        if self.nodes:
+            report["job"]["nodes"] = [dict(n) for n in self.nodes]
+        if dead and not interrupted:
+            report["job"]["dead_ranks"] = [d.to_dict() for d in dead]
+        return report
