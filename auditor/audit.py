@@ -108,8 +108,14 @@ class Audit:
     def judge(self, now: float) -> tuple[Snapshot, list[Finding]]:
         """The live verdict over the window ending at ``now`` (this node's clock)."""
         snap = self.store.snapshot(now, self.window_s)
+        return snap, self.judge_snapshot(snap)
+
+    def judge_snapshot(self, snap: Snapshot) -> list[Finding]:
+        """The verdict on a snapshot built elsewhere: ``auditor serve`` reduces Prometheus'
+        window aggregates straight into one, with no samples to keep. The one place outside
+        the rules that runs them."""
         self.findings = analyze(snap, self.overrides)
-        return snap, self.findings
+        return self.findings
 
     def final(
         self, now: float | None = None, window_s: float | None = None
@@ -119,7 +125,7 @@ class Audit:
         end = now if now is not None else self.store.latest_time()
         snap = self.store.snapshot(end if end is not None else 0.0, window_s)
         if self.store.ranks:
-            self.findings = analyze(snap, self.overrides)
+            self.judge_snapshot(snap)
         return snap, list(self.findings)
 
     def report(

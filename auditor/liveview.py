@@ -32,7 +32,8 @@ from rich.text import Text
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import Snapshot
 from auditor.cluster.relay import PtyRelay
-from auditor.report.live import LiveState, expected_ranks, panel_height, panel_lines, status_line
+from auditor.report.live import LiveState, panel_height, panel_lines, status_line
+from auditor.torchrun import expected_ranks
 
 # Not a terminal: a status line at most this often (CI logs stay short).
 STATUS_EVERY_S = 10.0

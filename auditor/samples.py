@@ -19,6 +19,11 @@ PARALLEL_MODES = ("ddp", "fsdp", "dataparallel", "none")
 # the metrics and the dashboards list them in this order.
 PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer", "collective_wait")
 
+# In ``RankInfo.unmeasured``: the rank called collectives from a thread other than its training
+# loop's (a metric or checkpoint thread). Their wait is in no step's phases (another thread's
+# time is not the step's); ``RankInfo.off_thread_collectives`` counts the calls.
+OFF_THREAD_COLLECTIVES = "collectives off the training thread"
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -54,9 +59,12 @@ class RankInfo:
     device_uuids: tuple[str, ...] = ()
     loader: LoaderConfig | None = None
     # Phases the probe could not attach to on this rank (e.g. "collective_wait" when the
-    # script registered a builtin comm hook); the report says what was not measured.
+    # script registered a builtin comm hook, ``OFF_THREAD_COLLECTIVES``); the report says what
+    # was not measured.
     unmeasured: tuple[str, ...] = ()
     job: str = ""
+    # torch.distributed collectives the rank called off its training thread (not timed).
+    off_thread_collectives: int = 0
     # Set by a node agent serving several jobs: the key it files this rank's samples under
     # (rank numbers repeat across jobs). None: the rank number is the key.
     key: int | None = None

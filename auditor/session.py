@@ -34,6 +34,7 @@ from auditor.cluster.launcher import (
 from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_address, start_agent
 from auditor.config import RunConfig
 from auditor.liveview import LiveView, open_view
+from auditor.metrics.endpoint import RunEndpoint
 from auditor.report.json_report import write_report
 from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import RecordingWriter
@@ -97,6 +98,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     # node name) the agent runs on, and the label of this node's ranks.
     node_label = base_env.get("AUDITOR_NODE") or None
     key = job_key(cfg.job, cfg.command, base_env) if cfg.address and not cfg.no_ray else None
+    # The run's endpoint is bound first: a port that is taken is refused before the job starts.
+    endpoint = _open_endpoint(cfg, job, node_label)
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
     become_subreaper()
@@ -150,16 +153,11 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
                 temp_dir=cfg.ray_temp_dir or os.path.join(rundir, "ray"),
                 job=job,
                 sink_path=sink,
-                metrics_host=cfg.metrics_host,
-                metrics_port=cfg.metrics_port,
                 host=node_label,
             )
             if note:
                 notes.append(note)
                 print(f"auditor: {note}", file=out)
-            addr = agent.address()
-            if addr.get("metrics"):
-                print(f"auditor: metrics at {addr['metrics']}", file=out)
         except SystemExit:
             # ray.init replaces the SIGTERM handler with sys.exit: a SIGTERM during its start-up
             # arrives here. Treat it as the signal it was: forward it and carry on to the report.
@@ -173,8 +171,6 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
                     device_source=cfg.device_source,
                     job=job,
                     sink_path=sink,
-                    metrics_host=cfg.metrics_host,
-                    metrics_port=cfg.metrics_port,
                     host=node_label,
                 )
             except Exception as again:
@@ -183,8 +179,13 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             print(f"auditor: {note}", file=out)
         signals.install()  # again: ray.init installed its own SIGTERM handler over ours
         view.stage(None)
-        if cfg.sd_file and agent is not None:
-            _list_endpoint(cfg.sd_file, cfg.metrics_host, agent, job, notes, out)
+        if endpoint is not None:
+            if agent is not None:
+                endpoint.set_node(str(agent.address().get("node") or endpoint.state.node))
+            link.endpoint = endpoint
+            print(f"auditor: metrics at {endpoint.url}", file=out)
+            if cfg.sd_file:
+                _list_endpoint(cfg.sd_file, cfg.metrics_host, endpoint, job, notes, out)
         if agent is not None:
             link.start(agent, key, node_label)
         _live_loop(cfg, child, link, out, view)
@@ -238,6 +239,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             recorder.close()
         if agent is not None:
             _stop_quietly(agent)
+        if endpoint is not None:
+            endpoint.close()
         reap_descendants()
         shutil.rmtree(rundir, ignore_errors=True)
     if cfg.json:
@@ -247,18 +250,29 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     return exit_code
 
 
+def _open_endpoint(cfg: RunConfig, job: str, node: str | None) -> RunEndpoint | None:
+    """``--metrics-port``: the run's endpoint, bound now; a port that is taken is a one-line
+    error before the job starts."""
+    if cfg.metrics_port is None:
+        return None
+    try:
+        return RunEndpoint(
+            job, node or socket.gethostname(), host=cfg.metrics_host, port=cfg.metrics_port
+        )
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc.strerror or exc}"
+        ) from None
+
+
 def _list_endpoint(
-    path: str, metrics_host: str, agent: AgentHandle, job: str, notes: list[str], out: TextIO
+    path: str, metrics_host: str, endpoint: RunEndpoint, job: str, notes: list[str], out: TextIO
 ) -> None:
     """``--sd-file``: list this run's metrics endpoint for Prometheus' file service discovery,
     with the job and the node as target labels. A wildcard bind is listed under this machine's
     primary address, as ``auditor fleet`` lists a node's IP. A failure is a note: the job runs."""
-    addr = agent.address()
-    url = addr.get("metrics")
-    if not url:
-        return
-    target = sd_target(str(url), metrics_host, primary_address())
-    node = str(addr.get("node") or socket.gethostname())
+    target = sd_target(endpoint.url, metrics_host, primary_address())
+    node = endpoint.state.node
     entry = {"targets": [target], "labels": {"auditor_job": job, "node": node}}
     try:
         write_sd_file(path, [entry])
@@ -279,6 +293,7 @@ class _Link:
         self.notes = notes
         self.out = out
         self.agent: AgentHandle | None = None
+        self.endpoint: RunEndpoint | None = None
         self.view: JobViewClient | None = None
         self.node: str | None = None
         self.judged = 0.0  # monotonic time of the last verdict
@@ -313,6 +328,8 @@ class _Link:
         if self.node is not None:
             batch = label_batch(batch, self.node)
         self.audit.add(batch)
+        if self.endpoint is not None:
+            self.endpoint.add(batch)
         if self.view is not None:
             try:
                 self.view.push(batch)
@@ -365,8 +382,12 @@ def _live_loop(
             view.update(None, ())  # still waiting for the first rank
             continue
         snap, findings = audit.judge(time.time())
-        if cfg.metrics_port is not None:
-            link.agent.set_findings([f.to_dict() for f in findings])
+        if link.endpoint is not None:
+            link.endpoint.set_findings(findings)
+            try:
+                link.endpoint.set_gpus(link.agent.gpus())
+            except Exception:
+                pass  # the agent answered the drain a moment ago; its GPUs can wait a second
         view.update(snap, findings)
 
 

@@ -10,7 +10,20 @@ time (the example job's, measured by probe_overhead.py) it gives the overhead sh
 With ``--collective`` both arms also run a one-rank gloo process group and all-reduce the loss
 every step (the probe then times that collective: its wrapper's cost is in the figure).
 
+With ``--memory`` each round runs three arms side by side, in an order rotated from round to
+round: no probe, the probe with its memory measure off (``AUDITOR_PROBE_MEMORY=0``), and the probe
+with it on (every ``--memory-every``-th forward sampled: ``AUDITOR_PROBE_MEMORY_EVERY``; the
+probe's default 10 if not given). The memory measure's own cost is the median over rounds of
+(on - off); the result goes to ``probe_hotpath_memory.json``. Each arm's budgets are counted: the
+on arm must send at least one, the off arm none. The CPU figures include the measure's one-time
+cost (its first fixed-part walk and ``gc`` scan for modules outside the model, tens of ms) spread
+over ``--steps``: short runs overstate it; the wall figures are medians and leave it out.
+
     python bench/probe_hotpath.py [--pairs 7] [--steps 20000] [--collective]
+        [--memory [--memory-every N]]
+
+A smoke run that leaves the real results alone:
+``BENCH_RESULTS_DIR=/tmp/hot python bench/probe_hotpath.py --pairs 1 --steps 300 --memory``.
 """
 
 from __future__ import annotations
@@ -22,13 +35,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 from auditor.cluster.intake import RankIntake
+from auditor.probe.memory import ACTIVATIONS_EVERY
 from auditor.session import probe_env
+
+# The loop's first steps (start-up, the probe attaching) are left out of its median.
+SKIPPED_STEPS = 100
 
 LOOP = r"""
 import sys, time, torch
@@ -59,15 +78,18 @@ for x, y in data:
     times.append(now - last)
     last = now
 cpu = (time.process_time() - cpu0) / len(times)  # every thread of the process: flush included
-times = sorted(times[100:])
+times = sorted(times[__SKIP__:])
 print(f"cpu_us={cpu * 1e6:.3f} median_us={times[len(times) // 2] * 1e6:.3f}")
 """
+
+
+LOOP_SOURCE = LOOP.replace("__SKIP__", str(SKIPPED_STEPS))
 
 
 def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple[float, float]:
     """(CPU time per step, median wall time per step), in microseconds."""
     out = subprocess.run(
-        [sys.executable, "-c", LOOP, str(steps), "1" if collective else "0"],
+        [sys.executable, "-c", LOOP_SOURCE, str(steps), "1" if collective else "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -79,14 +101,22 @@ def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=7)
+    p.add_argument("--pairs", type=int, default=7,
+                   help="rounds of arms side by side (a pair; three with --memory)")  # fmt: skip
     p.add_argument("--steps", type=int, default=20_000)
     p.add_argument("--step-ms", type=float, default=None,
                    help="real step time to express the cost against (default: from "
                         "bench/results/probe_overhead.json, else 28 ms)")  # fmt: skip
     p.add_argument("--collective", action="store_true",
                    help="all-reduce the loss every step in a one-rank gloo group")  # fmt: skip
+    p.add_argument("--memory", action="store_true",
+                   help="also run the probe with its memory measure off, beside it on")  # fmt: skip
+    p.add_argument("--memory-every", type=int, default=None, metavar="N",
+                   help="AUDITOR_PROBE_MEMORY_EVERY for the probe with memory on "
+                        "(default: the probe's own, every 10th forward)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.steps <= SKIPPED_STEPS:
+        p.error(f"--steps must be more than the {SKIPPED_STEPS} warm-up steps the loop skips")
     base = dict(os.environ)
     base.pop("AUDITOR_PROBE", None)
     rundir = tempfile.mkdtemp(prefix="aud-hot-")
@@ -94,37 +124,102 @@ def main(argv: list[str] | None = None) -> int:
     intake = RankIntake(sink)
     intake.start()
     probed = probe_env(base, sink=sink, job="hotpath")
-    pairs = []
+    if args.memory_every is not None:
+        probed["AUDITOR_PROBE_MEMORY_EVERY"] = str(args.memory_every)
+    if args.memory:
+        arms = {
+            "plain": base,
+            "memory_off": {**probed, "AUDITOR_PROBE_MEMORY": "0"},
+            "memory_on": {**probed, "AUDITOR_PROBE_MEMORY": "1"},
+        }
+    else:
+        arms = {"plain": base, "probe": probed}
+    names = list(arms)
+    rounds: list[dict[str, Any]] = []
     try:
         for i in range(args.pairs):
-            plain_cpu, plain = run_loop(args.steps, base, args.collective)
-            probe_cpu, with_probe = run_loop(args.steps, probed, args.collective)
-            received = len(intake.drain().steps)
-            pairs.append({"plain_us": plain, "probe_us": with_probe, "plain_cpu_us": plain_cpu,
-                          "probe_cpu_us": probe_cpu, "samples": received})  # fmt: skip
-            print(f"pair {i + 1}/{args.pairs}: wall plain {plain:.1f} us, probe {with_probe:.1f} "
-                  f"us; CPU plain {plain_cpu:.1f} us, probe {probe_cpu:.1f} us "
-                  f"(+{probe_cpu - plain_cpu:.1f}); {received} samples received")  # fmt: skip
+            # Rotated each round, so that no arm always runs first (or right after another).
+            order = names[i % len(names) :] + names[: i % len(names)]
+            row: dict[str, Any] = {"order": order}
+            for name in order:
+                cpu, wall = run_loop(args.steps, arms[name], args.collective)
+                samples, budgets = received(intake, probed=name != "plain")
+                row[name] = {"wall_us": wall, "cpu_us": cpu, "samples": samples,
+                             "budgets": budgets}  # fmt: skip
+            rounds.append(row)
+            print(f"round {i + 1}/{args.pairs}: " + "; ".join(
+                f"{n} wall {row[n]['wall_us']:.1f} us, CPU {row[n]['cpu_us']:.1f} us"
+                + (f" ({row[n]['samples']} samples, {row[n]['budgets']} budgets)"
+                   if n != "plain" else "")
+                for n in names
+            ))  # fmt: skip
     finally:
         intake.stop()
-    cost = statistics.median(q["probe_us"] - q["plain_us"] for q in pairs)
-    cpu_cost = statistics.median(q["probe_cpu_us"] - q["plain_cpu_us"] for q in pairs)
+
+    def cost(arm: str, against: str, key: str) -> float:
+        return round(statistics.median(q[arm][key] - q[against][key] for q in rounds), 2)
+
     step_ms = args.step_ms or _example_step_ms()
-    summary = {
-        "probe_cost_per_step_us": round(cost, 2),
-        "probe_cpu_per_step_us": round(cpu_cost, 2),
-        "cpu_overhead_pct_at_reference_step": round(100 * cpu_cost / (step_ms * 1e3), 4),
-        "plain_step_us_median": round(statistics.median(q["plain_us"] for q in pairs), 2),
+    probe = "memory_on" if args.memory else "probe"
+    wall_cost, cpu_cost = cost(probe, "plain", "wall_us"), cost(probe, "plain", "cpu_us")
+    probed_arms = [n for n in names if n != "plain"]
+    summary: dict[str, Any] = {
+        "probe_cost_per_step_us": wall_cost,
+        "probe_cpu_per_step_us": cpu_cost,
+        "cpu_overhead_pct_at_reference_step": _pct(cpu_cost, step_ms),
+        "plain_step_us_median": round(statistics.median(q["plain"]["wall_us"] for q in rounds), 2),
         "reference_step_ms": step_ms,
-        "overhead_pct_at_reference_step": round(100 * cost / (step_ms * 1e3), 4),
+        "overhead_pct_at_reference_step": _pct(wall_cost, step_ms),
         "goal_pct": 0.5,
         "collective_per_step": args.collective,
-        "samples_all_received": all(q["samples"] >= args.steps - 200 for q in pairs),
+        "probe_memory": arms[probe].get("AUDITOR_PROBE_MEMORY", "1") != "0",
+        "memory_every": int(arms[probe].get("AUDITOR_PROBE_MEMORY_EVERY", ACTIVATIONS_EVERY)),
+        "samples_all_received": all(
+            q[n]["samples"] >= args.steps - 200 for q in rounds for n in probed_arms
+        ),
     }
-    name = "probe_hotpath_collective" if args.collective else "probe_hotpath"
-    c.write_result(name, {"summary": summary, "runs": pairs})
+    if args.memory:
+        mem_wall = cost("memory_on", "memory_off", "wall_us")
+        mem_cpu = cost("memory_on", "memory_off", "cpu_us")
+        summary.update(
+            {
+                "probe_without_memory_cost_per_step_us": cost("memory_off", "plain", "wall_us"),
+                "probe_without_memory_cpu_per_step_us": cost("memory_off", "plain", "cpu_us"),
+                "memory_cost_per_step_us": mem_wall,
+                "memory_cpu_per_step_us": mem_cpu,
+                "memory_overhead_pct_at_reference_step": _pct(mem_wall, step_ms),
+                "memory_cpu_overhead_pct_at_reference_step": _pct(mem_cpu, step_ms),
+                # The on arm measured a budget; the off arm sent none.
+                "memory_budgets_as_expected": all(
+                    q["memory_on"]["budgets"] >= 1 and q["memory_off"]["budgets"] == 0
+                    for q in rounds
+                ),
+            }
+        )
+    name = "probe_hotpath" + ("_memory" if args.memory else "")
+    name += "_collective" if args.collective else ""
+    c.write_result(name, {"summary": summary, "runs": rounds})
     print(json.dumps(summary, indent=2))
-    return 0
+    ok = summary["samples_all_received"] and summary.get("memory_budgets_as_expected", True)
+    return 0 if ok else 1
+
+
+def received(intake: RankIntake, *, probed: bool, timeout_s: float = 10.0) -> tuple[int, int]:
+    """(steps, budgets) the last arm sent: for a probed arm, everything until the intake saw its
+    connection close (its last flush may still be in the socket when the process has exited)."""
+    steps = budgets = 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = intake.drain()
+        steps += len(got.steps)
+        budgets += len(got.memory)
+        if not probed or got.ended or time.monotonic() > deadline:
+            return steps, budgets
+        time.sleep(0.05)
+
+
+def _pct(cost_us: float, step_ms: float) -> float:
+    return round(100 * cost_us / (step_ms * 1e3), 4)
 
 
 def _example_step_ms() -> float:

@@ -8,7 +8,6 @@ operator's restart would. Readiness is polled, never slept for.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,8 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
-
+from tests.helpers.tools import require_tool
 from tests.helpers.waiting import wait_for_service
 
 T = TypeVar("T")
@@ -29,14 +27,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def binary(*names: str) -> str:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip(f"{' or '.join(names)} not installed (tests/run.sh installs it)")
 
 
 def http_json(url: str, *, data: bytes | None = None, timeout: float = 5.0) -> Any:
@@ -102,7 +92,7 @@ class Prometheus(Server):
         data = workdir / "prometheus-data"
         data.mkdir(parents=True, exist_ok=True)
         argv = [
-            binary("prometheus"),
+            require_tool("prometheus"),
             f"--config.file={config}",
             f"--storage.tsdb.path={data}",
             f"--web.listen-address=127.0.0.1:{self.port}",
@@ -132,7 +122,7 @@ class Alertmanager(Server):
         data = workdir / "alertmanager-data"
         data.mkdir(parents=True, exist_ok=True)
         argv = [
-            binary("prometheus-alertmanager", "alertmanager"),
+            require_tool("prometheus-alertmanager", "alertmanager"),
             f"--config.file={config}",
             f"--storage.path={data}",
             f"--web.listen-address=127.0.0.1:{self.port}",
@@ -144,3 +134,12 @@ class Alertmanager(Server):
 
     def alerts(self) -> list[dict[str, Any]]:
         return list(http_json(f"{self.url}/api/v2/alerts"))
+
+    def post_alerts(self, labels: list[dict[str, str]]) -> None:
+        """Fire one alert per label set, as Prometheus sends them."""
+        body = json.dumps([{"labels": one} for one in labels]).encode()
+        request = urllib.request.Request(
+            f"{self.url}/api/v2/alerts", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            response.read()

@@ -26,6 +26,14 @@ from auditor.config import (
 )
 from auditor.metrics.commands import REPLAY_OPTIONS, replay_config
 from auditor.ops.commands import PUSH_OPTIONS, RENDER_OPTIONS
+from auditor.report.commands import (
+    ANALYZE_OPTIONS,
+    COMPARE_OPTIONS,
+    REPORT_OPTIONS,
+    analyze_config,
+    compare_config,
+    report_config,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,12 +82,15 @@ TWINS: dict[tuple[str, ...], tuple[tuple[Option, ...], Build]] = {
     ("replay",): (REPLAY_OPTIONS, replay_config),
     ("dashboards", "render"): (RENDER_OPTIONS, lambda ns, env: resolve(ns, RENDER_OPTIONS, env)),
     ("dashboards", "push"): (PUSH_OPTIONS, lambda ns, env: resolve(ns, PUSH_OPTIONS, env)),
+    ("analyze",): (ANALYZE_OPTIONS, analyze_config),
+    ("report",): (REPORT_OPTIONS, report_config),
+    ("compare",): (COMPARE_OPTIONS, compare_config),
 }
 # What a command needs from the environment besides the option under test.
-BASE_ENV: dict[tuple[str, ...], dict[str, str]] = {("fleet",): {"AUDITOR_ADDRESS": "auto"}}
-# Commands whose options have no AUDITOR_* twin today (report/commands.py parses with plain
-# argparse); issue 13 moves every parser into the CLI with its twins.
-NO_TWINS_YET = {("analyze",), ("report",), ("compare",)}
+BASE_ENV: dict[tuple[str, ...], dict[str, str]] = {
+    ("fleet",): {"AUDITOR_ADDRESS": "auto"},
+    ("report",): {"AUDITOR_HTML": "page.html"},
+}
 
 
 def _commands(
@@ -120,7 +131,13 @@ def _value_for(opt: Option, tmp_path: Path) -> str:
         return "data_starvation.min_wait_ratio=0.3"
     if opt.type is str:
         return f"from-{opt.env.lower()}"
-    samples = {"_port": "4321", "_positive": "2.5", "_non_negative": "2.5", "_url": "http://h:1"}
+    samples = {
+        "_port": "4321",
+        "_positive": "2.5",
+        "_non_negative": "2.5",
+        "_window": "2.5",
+        "_url": "http://h:1",
+    }
     name = getattr(opt.type, "__name__", "")
     assert name in samples, f"{opt.flag}: no sample value for option type {name}"
     return samples[name]
@@ -131,13 +148,7 @@ def _read(config: Any, dest: str) -> Any:
 
 
 COMMANDS = [
-    pytest.param(
-        path,
-        id=" ".join(path),
-        marks=pytest.mark.xfail(strict=True, reason="no AUDITOR_* twins yet (issue 13)")
-        if path in NO_TWINS_YET
-        else (),
-    )
+    pytest.param(path, id=" ".join(path))
     for path, parser in _commands(build_parser())
     if _options(parser)
 ]
@@ -147,7 +158,7 @@ def test_every_command_is_covered() -> None:
     found = dict(_commands(build_parser()))
     assert set(found) >= {("run",), ("fleet",), ("serve",), ("replay",), ("dashboards", "push")}
     assert {path for path, parser in found.items() if not _options(parser)} == {("probe-path",)}
-    assert set(found) - set(TWINS) - NO_TWINS_YET == {("probe-path",)}
+    assert set(found) - set(TWINS) == {("probe-path",)}
 
 
 @pytest.mark.parametrize("path", COMMANDS)

@@ -11,7 +11,7 @@ an evaluation) counts like a few slow steps and never decides alone.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -108,8 +108,29 @@ class RankStats:
     def collective_ops_text(self) -> str:
         """The operations the rank waited in, largest first (``"all_gather/ddp_allreduce"``);
         empty where none was reported."""
-        ops = sorted((self.collective_ops or {}).items(), key=lambda kv: (-kv[1], kv[0]))
-        return "/".join(name for name, wait in ops if wait > 0)
+        return collective_ops_text([self])
+
+
+def collective_ops_text(stats: Iterable[RankStats]) -> str:
+    """The operations these ranks waited in, the largest wait (summed over the ranks) first:
+    ``"all_gather/ddp_allreduce"``; empty where none was reported. What a finding says its
+    waiting ranks wait in."""
+    totals: dict[str, float] = {}
+    for s in stats:
+        for op, wait in (s.collective_ops or {}).items():
+            totals[op] = totals.get(op, 0.0) + wait
+    ops = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "/".join(name for name, wait in ops if wait > 0)
+
+
+def collective_ops_ms(stats: Mapping[int, RankStats]) -> dict[str, dict[str, float]]:
+    """Evidence: each rank's median collective wait per step by operation, in ms (ranks that
+    reported no operations left out)."""
+    return {
+        str(r): {op: round(w * 1e3, 1) for op, w in sorted(s.collective_ops.items())}
+        for r, s in sorted(stats.items())
+        if s.collective_ops
+    }
 
 
 def median(values: Sequence[float]) -> float:

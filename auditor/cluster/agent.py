@@ -1,4 +1,6 @@
-"""The node agent: rank intake, host sampling, GPU samples and the node's Prometheus endpoint.
+"""The node agent: rank intake, host sampling, GPU samples, and for ``auditor fleet`` the node's
+Prometheus endpoint (an ``auditor run`` serves its endpoint from the driver, which judges the job:
+:mod:`auditor.metrics.endpoint`).
 
 :class:`NodeAgentCore` is plain Python so it can be tested without Ray; :func:`ray_actor_class`
 makes it the ``NodeAgent`` Ray actor (``num_cpus=0, num_gpus=0``: it never takes a slot from
@@ -22,7 +24,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from auditor.analysis.findings import Finding
 from auditor.metrics.exporter import make_registry, serve, stop
 from auditor.metrics.state import ExportState, GpuStatus, apply_batch
 from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu
@@ -243,12 +244,6 @@ class NodeAgentCore:
             memory=tuple(m for b in queued for m in b.memory),
             died=tuple(sorted({r for b in queued for r in b.died})),
         )
-
-    def set_findings(self, findings: list[dict[str, Any]]) -> None:
-        """The driver's latest verdict, exported as ``auditor_finding`` series."""
-        parsed = [Finding.from_dict(f) for f in findings]
-        with self._lock:
-            self._state.findings[:] = parsed
 
     def ping(self) -> str:
         return self.node

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.samples import Batch, RankInfo
+from auditor.torchrun import torchrun_args
 
 log = logging.getLogger(__name__)
 
@@ -54,47 +55,6 @@ RUNNING, DONE, LOST = "running", "done", "lost"
 
 
 # --- grouping ------------------------------------------------------------------------------------
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-
-
-def torchrun_args(command: Sequence[str]) -> dict[str, str] | None:
-    """torchrun's own options (before the script) as ``{name: value}`` with ``_`` spelling, or
-    None when ``command`` is not a torchrun launch."""
-    cmd = list(command)
-    start = None
-    for i, arg in enumerate(cmd):
-        base = os.path.basename(arg)
-        if base == "torchrun":
-            start = i + 1
-            break
-        if arg == "-m" and i + 1 < len(cmd) and cmd[i + 1] in _TORCHRUN_MODULES:
-            start = i + 2
-            break
-    if start is None:
-        return None
-    out: dict[str, str] = {}
-    i = start
-    while i < len(cmd):
-        arg = cmd[i]
-        if not arg.startswith("-"):
-            break  # the training script: its own arguments follow
-        name, eq, value = arg.lstrip("-").partition("=")
-        name = name.replace("-", "_")
-        if eq:
-            out[name] = value
-        elif i + 1 < len(cmd) and not cmd[i + 1].startswith("-") and name not in _FLAGS:
-            out[name] = cmd[i + 1]
-            i += 1
-        else:
-            out[name] = ""
-        i += 1
-    return out
-
-
-# torchrun options that take no value (the rest do).
-_FLAGS = frozenset({"standalone", "no_python", "run_path", "module", "m", "tee_all"})
-
-
 def job_key(job: str | None, command: Sequence[str], env: Mapping[str, str]) -> str | None:
     """What every node's ``auditor run`` of one job has in common, and no other job has.
 

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class AgentHandle(Protocol):
     def drain(self) -> Batch: ...
 
-    def set_findings(self, findings: list[dict[str, Any]]) -> None: ...
+    def gpus(self) -> dict[str, dict[str, Any]]: ...
 
     def address(self) -> dict[str, Any]: ...
 
@@ -68,8 +68,8 @@ class InProcessAgent:
     def drain(self) -> Batch:
         return self.core.drain()
 
-    def set_findings(self, findings: list[dict[str, Any]]) -> None:
-        self.core.set_findings(findings)
+    def gpus(self) -> dict[str, dict[str, Any]]:
+        return self.core.gpus()
 
     def address(self) -> dict[str, Any]:
         return self._address
@@ -153,8 +153,11 @@ class RayAgent:
         result: Batch = self._ray.get(self._actor.drain.remote(), timeout=self._timeout)
         return result
 
-    def set_findings(self, findings: list[dict[str, Any]]) -> None:
-        self._actor.set_findings.remote(findings)
+    def gpus(self) -> dict[str, dict[str, Any]]:
+        result: dict[str, dict[str, Any]] = self._ray.get(
+            self._actor.gpus.remote(), timeout=self._timeout
+        )
+        return result
 
     def address(self) -> dict[str, Any]:
         return self._address

@@ -22,10 +22,13 @@ What is hooked, and why this way:
   wait as a whole; an ``async_op=True`` call returns its ``Work`` untouched (FSDP checks its
   type) and ``Work.wait`` is timed instead, under the name of the call that launched it.
   Only the outermost call is timed (``all_gather_object`` runs ``all_gather`` inside), only on
-  the training thread, and never inside the DDP comm hook (timed there already).
+  the training thread, and never inside the DDP comm hook (timed there already). A call on
+  another thread (a metric or checkpoint thread) is no phase of the step: it is counted, and
+  the rank lists "collectives off the training thread" as not measured.
 * Host-to-device copy: ``Tensor.to``/``.cuda``/``.pin_memory`` on the training thread, timed only
   between a batch's arrival and the step's first forward (the methods are swapped in for that
-  window only, so a model's own ``.to`` calls cost nothing).
+  window only, so a model's own ``.to`` calls cost nothing), and never inside a collective (the
+  object collectives move their pickled bytes with ``.to``: that is the collective's wait).
 * FSDP (``fully_shard``'s ``FSDPModule``, or ``FullyShardedDataParallel``): recognised by its
   class when the root module is first called; that root is the model.
 
@@ -48,9 +51,9 @@ from collections.abc import Callable
 from time import thread_time
 from typing import Any
 
-from auditor.samples import LoaderConfig, RankInfo
+from auditor.samples import OFF_THREAD_COLLECTIVES, LoaderConfig, RankInfo
 
-from .clock import PHASE_H2D, CpuTimer, CudaTimer, StepClock
+from .clock import PHASE_COLLECTIVE, PHASE_H2D, CpuTimer, CudaTimer, StepClock
 from .memory import ACTIVATIONS_EVERY, MemoryMeter
 from .sink import Sink, memory_message, step_message
 
@@ -104,6 +107,9 @@ class Probe:
         self.loader: LoaderConfig | None = None
         self.worker_pids: tuple[int, ...] = ()
         self.unmeasured: set[str] = set()
+        # Collectives called on another thread than the training loop's: counted, not timed.
+        self.off_thread_collectives = 0
+        self._off_thread_lock = threading.Lock()
         self.device_uuids: tuple[str, ...] = ()
         self._info_sent: dict[str, Any] | None = None
         self._workers_sent: tuple[int, ...] | None = None
@@ -182,6 +188,7 @@ class Probe:
             loader=self.loader,
             unmeasured=tuple(sorted(self.unmeasured)),
             job=self.job,
+            off_thread_collectives=self.off_thread_collectives,
         )
 
     def _hello(self) -> dict[str, Any]:
@@ -275,6 +282,14 @@ class Probe:
         if os.environ.get("AUDITOR_SINK"):
             return 15.0
         return 2.0 if os.path.exists(self.sink_path) else 0.0
+
+    def off_thread_collective(self) -> None:
+        """A collective on another thread (a metric or checkpoint thread): its wait is not the
+        training step's, and the step clock is the training thread's alone. Counted, and the
+        rank says these collectives were not measured."""
+        with self._off_thread_lock:
+            self.off_thread_collectives += 1
+            self.unmeasured.add(OFF_THREAD_COLLECTIVES)
 
     def mark_unmeasured(self, phase: str) -> None:
         self.unmeasured.add(phase)
@@ -411,11 +426,17 @@ def _hook_dataloader(probe: Probe, torch: Any) -> None:
             probe._fwd_depth = 0  # a batch between steps: no module call is open
         began = clock.data_begin()
         cpu = thread_time()
-        batch = orig_next(self)
-        # The main thread's CPU while it waited: the loading's cost with num_workers=0 (I/O
-        # waits cost none), about zero with workers.
-        cpu = thread_time() - cpu
-        clock.data_end(began, batch_size_of(batch), cpu)
+        batch = None
+        try:
+            batch = orig_next(self)
+        finally:
+            # Also when the loader raises (StopIteration at the end of an epoch, a worker's
+            # error): the data phase ends here, or the collectives after it (a metric sync
+            # between epochs) would read as part of the loader and go untimed.
+            # The main thread's CPU while it waited: the loading's cost with num_workers=0
+            # (I/O waits cost none), about zero with workers.
+            cpu = thread_time() - cpu
+            clock.data_end(began, batch_size_of(batch), cpu)
         probe.open_h2d()
         return batch
 
@@ -704,6 +725,19 @@ def _hook_collectives(probe: Probe, torch: Any) -> None:
     get_ident = threading.get_ident
     # Names of async Works launched through the wrappers, until they are waited on.
     launched: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+    # Inside a counted off-thread collective, per thread: nested calls are part of it.
+    off_thread = threading.local()
+
+    def untimed(orig: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A call off the training thread: counted once (outermost only), not timed."""
+        if getattr(off_thread, "depth", 0):
+            return orig(*args, **kwargs)
+        probe.off_thread_collective()
+        off_thread.depth = 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            off_thread.depth = 0
 
     def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
@@ -714,12 +748,11 @@ def _hook_collectives(probe: Probe, torch: Any) -> None:
 
         @functools.wraps(orig)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if (
-                not probe.active
-                or probe._coll_depth
-                or clock.hook_depth
-                or get_ident() != probe.tid
-            ):
+            if not probe.active or clock.hook_depth:
+                return orig(*args, **kwargs)
+            if get_ident() != probe.tid:
+                return untimed(orig, *args, **kwargs)
+            if probe._coll_depth:
                 return orig(*args, **kwargs)
             if "async_op" in kwargs:
                 is_async = bool(kwargs["async_op"])
@@ -767,7 +800,19 @@ def _hook_collectives(probe: Probe, torch: Any) -> None:
 
     @functools.wraps(orig_wait)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not probe.active or probe._coll_depth or clock.hook_depth or get_ident() != probe.tid:
+        if not probe.active or clock.hook_depth:
+            return orig_wait(self, *args, **kwargs)
+        if get_ident() != probe.tid:
+            # Launched on the training thread, waited on another: that wait is not timed.
+            # (A Work launched off the thread was counted at its launch.)
+            try:
+                ours = launched.pop(self, None) is not None
+            except TypeError:
+                ours = False
+            if ours:
+                return untimed(orig_wait, self, *args, **kwargs)
+            return orig_wait(self, *args, **kwargs)
+        if probe._coll_depth:
             return orig_wait(self, *args, **kwargs)
         try:
             name = launched.pop(self, None) or "wait"
@@ -795,7 +840,13 @@ def _hook_h2d(probe: Probe, torch: Any) -> None:
     def timed(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def copy(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if get_ident() != probe.tid or clock.in_phase == PHASE_H2D:
+            # A copy inside a collective (``all_gather_object`` moves its pickled bytes with
+            # ``.to``) is part of that collective's wait: opening h2d there would split it.
+            if (
+                get_ident() != probe.tid
+                or probe._coll_depth
+                or clock.in_phase in (PHASE_H2D, PHASE_COLLECTIVE)
+            ):
                 return orig(self, *args, **kwargs)
             clock.h2d_begin()
             try:

@@ -8,6 +8,9 @@ auditor compare BEFORE AFTER [--json]
     two runs side by side (each a JSON report or a recording): the measured speed-up against the
     one BEFORE's verdict predicted, and the findings that went, came or remain
 
+Every option also reads its ``AUDITOR_*`` twin (``AUDITOR_WINDOW``, ``AUDITOR_SET``,
+``AUDITOR_JSON``, ``AUDITOR_HTML``); the command line wins over the environment.
+
 Recordings are analysed the way the live run builds its final verdict: every sample in one
 :class:`SampleStore`, a snapshot ending at the newest sample, ``--window None`` (the whole run)
 unless asked otherwise, and the same report builder and verdict text.
@@ -33,7 +36,7 @@ from typing import Any, TextIO
 from auditor.analysis import SampleStore
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
-from auditor.config import ConfigError, parse_overrides
+from auditor.config import ConfigError, Option, _bool, add_options, parse_overrides, resolve
 from auditor.report.compare import compare_reports, render_compare
 from auditor.report.json_report import SCHEMA as REPORT_SCHEMA
 from auditor.report.json_report import validate_report
@@ -43,6 +46,82 @@ from auditor.telemetry.recorded import SCHEMAS as RECORDING_SCHEMAS
 from auditor.telemetry.recorded import RecordingError, read_recording
 
 COMMANDS = ("analyze", "report", "compare")
+
+
+def _window(text: str) -> float:
+    """Seconds of the recording to judge: a finite positive number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be positive: {text}")
+    return value
+
+
+_WINDOW = Option(
+    "--window",
+    "window",
+    "judge only the last WINDOW seconds of the recording (default: the whole run)",
+    _window,
+)
+_SET = Option(
+    "--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"
+)
+_JSON = Option("--json", "json", "print the report as JSON on stdout", _bool, False, True)
+
+ANALYZE_OPTIONS: tuple[Option, ...] = (
+    _WINDOW,
+    _SET,
+    _JSON,
+    Option("--html", "html", "also write the HTML report here"),
+)
+REPORT_OPTIONS: tuple[Option, ...] = (
+    Option("--html", "html", "write the HTML report here (required)"),
+    _WINDOW,
+    _SET,
+    _JSON,
+)
+COMPARE_OPTIONS: tuple[Option, ...] = (
+    Option("--json", "json", "print the comparison as JSON on stdout", _bool, False, True),
+)
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """What ``auditor analyze`` and ``auditor report`` run with."""
+
+    input: str
+    html: str | None = None
+    window: float | None = None
+    set: str | None = None
+    json: bool = False
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    before: str
+    after: str
+    json: bool = False
+
+
+def analyze_config(ns: argparse.Namespace, env: Mapping[str, str]) -> AnalysisConfig:
+    values = resolve(ns, ANALYZE_OPTIONS, env)
+    return AnalysisConfig(
+        input=ns.recording, overrides=parse_overrides(values.get("set")), **values
+    )
+
+
+def report_config(ns: argparse.Namespace, env: Mapping[str, str]) -> AnalysisConfig:
+    values = resolve(ns, REPORT_OPTIONS, env)
+    if not values.get("html"):
+        raise ConfigError("--html is required: where to write the HTML report")
+    return AnalysisConfig(input=ns.input, overrides=parse_overrides(values.get("set")), **values)
+
+
+def compare_config(ns: argparse.Namespace, env: Mapping[str, str]) -> CompareConfig:
+    return CompareConfig(before=ns.before, after=ns.after, **resolve(ns, COMPARE_OPTIONS, env))
 
 
 class InputError(ValueError):
@@ -82,8 +161,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "recording", metavar="RECORDING", help="a recording (auditor.recording/v2 or v1)"
     )
-    _analysis_options(p)
-    p.add_argument("--html", metavar="PATH", help="also write the HTML report here")
+    add_options(p, ANALYZE_OPTIONS)
 
     p = sub.add_parser(
         "report",
@@ -94,8 +172,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         "no samples over time, so its page shows the verdict and the step breakdown only.",
     )
     p.add_argument("input", metavar="INPUT", help="a recording or a JSON report")
-    p.add_argument("--html", metavar="PATH", required=True, help="write the HTML report here")
-    _analysis_options(p)
+    add_options(p, REPORT_OPTIONS)
 
     p = sub.add_parser(
         "compare",
@@ -107,39 +184,30 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("before", metavar="BEFORE", help="JSON report or recording of the first run")
     p.add_argument("after", metavar="AFTER", help="JSON report or recording of the second run")
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON on stdout")
-
-
-def _analysis_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--window",
-        metavar="S",
-        help="judge only the last S seconds of the recording (default: the whole run)",
-    )
-    p.add_argument(
-        "--set",
-        dest="set",
-        metavar="R.T=V,...",
-        help="rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)",
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    add_options(p, COMPARE_OPTIONS)
 
 
 def dispatch(
-    ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+    ns: argparse.Namespace,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> int | None:
-    """Runs ``ns.cmd`` if it is one of this module's commands; None otherwise."""
+    """Runs ``ns.cmd`` if it is one of this module's commands; None otherwise. ``env`` holds
+    the ``AUDITOR_*`` twins (default: this process's environment)."""
     cmd = getattr(ns, "cmd", None)
     if cmd not in COMMANDS:
         return None
     out = out or sys.stdout
     err = err or sys.stderr
+    env = os.environ if env is None else env
     try:
         if cmd == "analyze":
-            return cmd_analyze(ns, out, err)
+            return cmd_analyze(analyze_config(ns, env), out, err)
         if cmd == "report":
-            return cmd_report(ns, out, err)
-        return cmd_compare(ns, out, err)
+            return cmd_report(report_config(ns, env), out, err)
+        return cmd_compare(compare_config(ns, env), out, err)
     except (InputError, ConfigError) as exc:
         print(f"auditor: error: {exc}", file=err)
         return 2
@@ -155,34 +223,33 @@ def dispatch(
 # commands
 
 
-def cmd_analyze(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    window, overrides = _analysis_args(ns)
-    loaded = load_input(ns.recording, window=window, overrides=overrides, want="recording")
+def cmd_analyze(cfg: AnalysisConfig, out: TextIO, err: TextIO) -> int:
+    loaded = load_input(cfg.input, window=cfg.window, overrides=cfg.overrides, want="recording")
     _print_problems(loaded, err)
-    if ns.html:
-        _write_html(ns.html, loaded, err)
-    _print_report(loaded.report, json_out=ns.json, out=out)
+    if cfg.html:
+        _write_html(cfg.html, loaded, err)
+    _print_report(loaded.report, json_out=cfg.json, out=out)
     return _status(loaded, err)
 
 
-def cmd_report(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    window, overrides = _analysis_args(ns)
-    loaded = load_input(ns.input, window=window, overrides=overrides)
+def cmd_report(cfg: AnalysisConfig, out: TextIO, err: TextIO) -> int:
+    assert cfg.html is not None  # report_config requires it
+    loaded = load_input(cfg.input, window=cfg.window, overrides=cfg.overrides)
     _print_problems(loaded, err)
-    _write_html(ns.html, loaded, err)
-    _print_report(loaded.report, json_out=ns.json, out=out)
+    _write_html(cfg.html, loaded, err)
+    _print_report(loaded.report, json_out=cfg.json, out=out)
     return _status(loaded, err)
 
 
-def cmd_compare(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    before = load_input(ns.before)
-    after = load_input(ns.after)
+def cmd_compare(cfg: CompareConfig, out: TextIO, err: TextIO) -> int:
+    before = load_input(cfg.before)
+    after = load_input(cfg.after)
     for loaded in (before, after):
         _print_problems(loaded, err)
     result = compare_reports(
         before.report, after.report, before_source=before.path, after_source=after.path
     )
-    if ns.json:
+    if cfg.json:
         print(json.dumps(result, indent=2), file=out, flush=True)
     else:
         print(render_compare(result), file=out, flush=True)
@@ -328,18 +395,6 @@ def _duration(header: Mapping[str, Any], store: SampleStore, now: float) -> floa
 
 # --------------------------------------------------------------------------------------------
 # helpers
-
-
-def _analysis_args(ns: argparse.Namespace) -> tuple[float | None, dict[str, dict[str, Any]]]:
-    window: float | None = None
-    if ns.window is not None:
-        try:
-            window = float(ns.window)
-        except ValueError:
-            raise ConfigError(f"--window: not a number: {ns.window!r}") from None
-        if not math.isfinite(window) or window <= 0:
-            raise ConfigError(f"--window: must be positive: {ns.window}")
-    return window, parse_overrides(ns.set)
 
 
 def _print_problems(loaded: Loaded, err: TextIO) -> None:

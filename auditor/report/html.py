@@ -6,7 +6,11 @@ font, no image. Top to bottom:
 
 * the verdict and the fixes per rank (the same text as the terminal verdict);
 * a stacked bar of each rank's step: data wait, h2d, forward, backward apart from the wait at the
-  all-reduce, optimizer, the collective wait itself (medians, from the report);
+  all-reduce, optimizer, the collective wait itself (medians, from the report); beside it, where
+  the ranks measured their memory budget, a stacked bar of each rank's memory by part
+  (parameters, gradients, optimizer state, buffers, modules outside the model, activations at
+  the rank's batch) against what the rank may use (its GPU's total, or its share of the host's
+  available memory);
 * each rank's step time over the run;
 * a GPU-by-time heatmap of busy time and a memory chart per GPU, where GPUs were seen;
 * DataLoader worker CPU per rank;
@@ -37,10 +41,12 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
+from auditor.analysis.budget import fmt_bytes
 from auditor.analysis.findings import SEVERITIES
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.files import write_text_atomic
 from auditor.report.terminal import (
+    fix_answers,
     fmt_batch,
     fmt_duration,
     fmt_ms,
@@ -69,6 +75,26 @@ _PHASE_COLORS = {
     "collective wait": "#bcbd22",
     "other": "#c7c7c7",
 }
+# The measured memory budget by part (labels of the stacked bar) and the report's key for each.
+MEMORY_PARTS = (
+    ("parameters", "param_bytes"),
+    ("gradients", "grad_bytes"),
+    ("optimizer state", "optimizer_bytes"),
+    ("buffers", "buffer_bytes"),
+    ("other modules", "other_module_bytes"),
+    ("activations", "activation_bytes_per_step"),
+)
+_MEMORY_COLORS = {
+    "parameters": "#1f77b4",
+    "gradients": "#2ca02c",
+    "optimizer state": "#ff7f0e",
+    "buffers": "#9467bd",
+    "other modules": "#e377c2",
+    "activations": "#17becf",
+}
+# The limit marker is drawn (not only listed in the legend) where some rank's bar reaches this
+# share of its limit; below it the bars would be slivers under an axis sized for the limit.
+LIMIT_SHOWN_FROM = 0.2
 # Most points one trace carries; longer series are thinned to bucket medians.
 MAX_POINTS = 2_000
 # Most time columns in the GPU heatmap.
@@ -129,6 +155,11 @@ def render_html(
             "No rank has timed steps.",
         )
     )
+    memory = memory_figure(ranks)
+    if memory is not None:  # only where the ranks measured their budget
+        figures.append(
+            ("memory-budget", "Memory per rank (measured budget)", memory, "No budget measured.")
+        )
     no_series = "Not available: this page was made from a JSON report without its samples."
     figures.append(
         (
@@ -168,9 +199,15 @@ def render_html(
         for key, _title, fig, _missing in figures
         if fig is not None
     ]
-    plot_sections = "\n".join(
-        _plot_section(key, title, fig is not None, missing) for key, title, fig, missing in figures
-    )
+    sections = {
+        key: _plot_section(key, title, fig is not None, missing)
+        for key, title, fig, missing in figures
+    }
+    if "memory-budget" in sections:
+        # The memory bar beside the step breakdown: each rank's time and memory side by side.
+        pair = sections.pop("breakdown") + sections.pop("memory-budget")
+        sections = {"pair": f'<div class="pair">{pair}</div>', **sections}
+    plot_sections = "\n".join(sections.values())
     title = f"Auditor report: {job.get('name') or 'job'}"
     generated = str(report.get("generated_at") or "")
     made = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -269,6 +306,123 @@ def breakdown_ms(rank: Mapping[str, Any]) -> dict[str, float]:
     step = _num(rank.get("step_s"))
     parts["other"] = max(0.0, step - sum(parts.values()))
     return {k: v * 1e3 for k, v in parts.items()}
+
+
+def memory_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
+    """Stacked bar per rank: its measured memory budget by part, with the rank's limit.
+
+    None where no rank sent a budget. Activations are at the rank's median batch (activations
+    per sample x batch, as the memory rules count them), else the sampled forward's own batch.
+    The limit (the GPU's total, or on a CPU job the host's available memory over its ranks) is a
+    marker per rank, listed in the legend but hidden where every bar is under
+    :data:`LIMIT_SHOWN_FROM` of it; each bar's total and its share of the limit are written
+    above it either way.
+    """
+    rows = [(r, b) for r in ranks if (b := _budget_of(r)) is not None]
+    if not rows:
+        return None
+    parts = [memory_parts(r, b) for r, b in rows]
+    totals = [sum(p.values()) for p in parts]
+    limits = [budget_limit(b) for _, b in rows]
+    unit, size = ("GiB", float(1 << 30))
+    biggest = max([*totals, *(lim for lim, _ in limits if lim is not None)], default=0.0)
+    if biggest < (1 << 30):
+        unit, size = ("MiB", float(1 << 20))
+    labels = [f"rank {r['rank']}" for r, _ in rows]
+    fig = go.Figure()
+    for name, _key in MEMORY_PARTS:
+        ys = [p[name] for p in parts]
+        if name == "other modules" and not any(ys):
+            continue
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=labels,
+                y=[round(y / size, 4) for y in ys],
+                customdata=[fmt_bytes(y) for y in ys],
+                marker_color=_MEMORY_COLORS[name],
+                hovertemplate="%{x}: " + name + " %{customdata}<extra></extra>",
+            )
+        )
+    texts = []
+    for total, (limit, _source) in zip(totals, limits, strict=True):
+        text = fmt_bytes(total)
+        if limit:
+            text += f" of {fmt_bytes(limit)} ({100 * total / limit:.0f}%)"
+        texts.append(text)
+    fig.add_trace(
+        go.Scatter(
+            name="total",
+            x=labels,
+            y=[round(t / size, 4) for t in totals],
+            text=texts,
+            mode="text",
+            textposition="top center",
+            cliponaxis=False,  # the text above the tallest bar stays visible
+            hoverinfo="skip",
+            showlegend=False,
+        )
+    )
+    if any(lim is not None for lim, _ in limits):
+        shown = any(
+            lim is not None and total >= LIMIT_SHOWN_FROM * lim
+            for total, (lim, _) in zip(totals, limits, strict=True)
+        )
+        sources = {source for lim, source in limits if lim is not None}
+        fig.add_trace(
+            go.Scatter(
+                name="limit per rank" + (f" ({sources.pop()})" if len(sources) == 1 else ""),
+                x=labels,
+                y=[None if lim is None else round(lim / size, 4) for lim, _ in limits],
+                customdata=[
+                    [fmt_bytes(lim) if lim is not None else "-", source] for lim, source in limits
+                ],
+                mode="markers",
+                marker={
+                    "symbol": "line-ew-open",
+                    "size": 28,
+                    "color": "#b91c1c",
+                    "line": {"width": 2},
+                },
+                visible=True if shown else "legendonly",
+                hovertemplate="%{x}: limit %{customdata[0]} (%{customdata[1]})<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="stack", yaxis_title=unit, yaxis_rangemode="tozero")
+    _style(fig, height=400)
+    fig.update_layout(legend={"y": -0.08, "yanchor": "top", "traceorder": "normal"})
+    return fig
+
+
+def memory_parts(rank: Mapping[str, Any], budget: Mapping[str, Any]) -> dict[str, float]:
+    """One rank's budget by part in bytes (0 where not measured); activations at the rank's
+    median batch where both are known."""
+    out = {name: _num(budget.get(key)) for name, key in MEMORY_PARTS}
+    per = _num(budget.get("activation_bytes_per_sample"))
+    batch = _num(rank.get("batch_size"))
+    if per > 0 and batch > 0:
+        out["activations"] = per * batch
+    return out
+
+
+def budget_limit(budget: Mapping[str, Any]) -> tuple[float | None, str]:
+    """What the rank may use, and what that is: its GPU's total, else its share of the host's
+    available memory (available / the ranks on the host)."""
+    device = _num(budget.get("device_total_bytes"))
+    if device > 0:
+        return device, "device total"
+    avail = budget.get("host_available_bytes")
+    if isinstance(avail, (int, float)) and not isinstance(avail, bool):
+        local = budget.get("local_ranks")
+        n = local if isinstance(local, int) and local > 0 else 1
+        return float(avail) / n, "the host's available memory / its ranks"
+    return None, "not measured"
+
+
+def _budget_of(rank: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    memory = rank.get("memory")
+    budget = memory.get("budget") if isinstance(memory, Mapping) else None
+    return budget if isinstance(budget, Mapping) else None
 
 
 def step_time_figure(snap: Snapshot) -> go.Figure | None:
@@ -552,6 +706,8 @@ def _plot_section(key: str, title: str, present: bool, missing: str) -> str:
 
 def _findings_section(findings: Sequence[Mapping[str, Any]]) -> str:
     out = ['<section id="findings"><h2>Findings and their evidence</h2>']
+    answers = fix_answers(findings)
+    given: dict[tuple[int, str], str] = {}
     if not findings:
         out.append('<p class="muted">No finding.</p>')
     for i, f in enumerate(findings):
@@ -576,7 +732,8 @@ def _findings_section(findings: Sequence[Mapping[str, Any]]) -> str:
         if fixes:
             out.append("<ul>")
             for rank, fix in sorted(fixes.items(), key=lambda kv: str(kv[0]).zfill(6)):
-                out.append(f"<li><b>rank {_e(str(rank))}</b>: {_e(str(fix))}</li>")
+                text = _fix_once(rank, fix, f, answers, given)
+                out.append(f"<li><b>rank {_e(str(rank))}</b>: {text}</li>")
             out.append("</ul>")
         rows = _flatten(f.get("evidence") or {})
         if rows:
@@ -588,6 +745,30 @@ def _findings_section(findings: Sequence[Mapping[str, Any]]) -> str:
         out.append("</article>")
     out.append("</section>")
     return "\n".join(out)
+
+
+def _fix_once(
+    rank: Any,
+    fix: Any,
+    finding: Mapping[str, Any],
+    answers: Mapping[tuple[int, str], Sequence[str]],
+    given: dict[tuple[int, str], str],
+) -> str:
+    """A finding's fix for one rank, as escaped HTML: the text the first time it is given (with
+    the findings it answers where several give it), a pointer to that finding after."""
+    try:
+        key: tuple[int, str] | None = (int(rank), str(fix))
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in given:
+        return f'<span class="muted">the fix given under {_e(given[key])}, above</span>'
+    text = _e(str(fix))
+    kinds = answers.get(key, ()) if key is not None else ()
+    if len(kinds) > 1:
+        text += f' <span class="muted">(answers {_e(", ".join(kinds))})</span>'
+    if key is not None:
+        given[key] = str(finding.get("kind", "?"))
+    return text
 
 
 def _ranks_section(ranks: Sequence[Mapping[str, Any]]) -> str:
@@ -804,6 +985,9 @@ table.evidence td, table.evidence th { text-align: left; }
 .finding.sev-critical h3 { color: var(--crit); }
 .finding.sev-warning h3 { color: var(--warn); }
 .plot { width: 100%; min-height: 200px; }
+.pair { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr)); gap: 16px;
+  margin: 0 0 16px; }
+.pair > section { margin: 0; min-width: 0; }
 footer { font-size: 12px; }
 """
 

@@ -8,18 +8,24 @@ Schema ``auditor.report/v1``::
              "interrupted", "hosts"},
      "ranks": [{"rank", "host", "local_rank", "pid", "device", "parallel_mode", "steps",
                 "window_steps", "step_s", "data_wait_s", "h2d_s", "forward_s", "backward_s",
-                "optimizer_s", "collective_wait_s", "compute_s", "data_wait_ratio", "busy_ratio",
-                "batch_size", "samples_per_s", "main_cpu", "worker_cpu", "workers",
-                "loader", "memory": {"rss_bytes", "allocated_bytes", "peak_bytes", "budget"},
-                "unmeasured", "ended"}],
+                "optimizer_s", "collective_wait_s", "collective_ops", "compute_s",
+                "data_wait_ratio", "busy_ratio", "batch_size", "samples_per_s", "main_cpu",
+                "worker_cpu", "workers", "loader",
+                "memory": {"rss_bytes", "allocated_bytes", "peak_bytes", "budget"},
+                "unmeasured", "off_thread_collectives", "ended"}],
      "findings": [Finding.to_dict(), ...],
      "notes": [str, ...]}
 
 Conventions follow :mod:`auditor.samples`: seconds, bytes, cores, ratios in 0..1, and ``null``
 for anything not measured (never 0). ``job.hosts`` maps each host name to its ranks.
 Per-step timings are medians over the snapshot's window (``window_steps`` steps); ``steps``
-counts every step seen over the whole run. ``memory.budget`` is the rank's measured budget
-(``auditor.probe.memory``; null where the probe sent none): ``param_bytes`` (and
+counts every step seen over the whole run. ``collective_ops`` is the collective wait by
+operation (``{"ddp_allreduce": 0.031, "all_gather_object": 0.002}``: each op's median seconds per
+step, a step without the op counting 0; null where the probe named none). ``unmeasured`` lists
+what the probe could not time on the rank (a phase, or ``"collectives off the training
+thread"``: calls from another thread, ``off_thread_collectives`` of them).
+``memory.budget`` is the rank's measured budget (``auditor.probe.memory``; null where the probe
+sent none): ``param_bytes`` (and
 ``param_bytes_by_dtype``), ``grad_bytes``, ``optimizer_bytes`` (and ``optimizer_bytes_by_kind``),
 ``buffer_bytes``, ``fixed_bytes`` (their sum), ``other_module_bytes`` (modules outside the
 model), ``activation_bytes_per_step`` and ``activation_bytes_per_sample`` (one sampled forward),
@@ -70,6 +76,7 @@ RANK_KEYS = (
     "backward_s",
     "optimizer_s",
     "collective_wait_s",
+    "collective_ops",
     "compute_s",
     "data_wait_ratio",
     "busy_ratio",
@@ -81,6 +88,7 @@ RANK_KEYS = (
     "loader",
     "memory",
     "unmeasured",
+    "off_thread_collectives",
     "ended",
 )
 MEMORY_KEYS = ("rss_bytes", "allocated_bytes", "peak_bytes", "budget")
@@ -213,6 +221,11 @@ def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any
         "backward_s": secs(s.backward_s),
         "optimizer_s": secs(s.optimizer_s),
         "collective_wait_s": secs(s.collective_wait_s),
+        "collective_ops": (
+            {op: secs(w) for op, w in sorted(s.collective_ops.items())}
+            if timed and s.collective_ops is not None
+            else None
+        ),
         "compute_s": secs(s.compute_s),
         "data_wait_ratio": _round(s.data_wait_ratio, 4) if timed else None,
         "busy_ratio": _round(s.busy_ratio, 4) if timed else None,
@@ -235,6 +248,7 @@ def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any
             "budget": _budget(view),
         },
         "unmeasured": list(info.unmeasured),
+        "off_thread_collectives": info.off_thread_collectives,
         "ended": bool(view.ended),
     }
 

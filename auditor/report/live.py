@@ -15,7 +15,6 @@ figures are medians per step over the last ``window_s`` seconds, and the header 
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -488,22 +487,3 @@ def _layout(cols: Sequence[int], rows: Sequence[Sequence[str]]) -> _Table:
 def _clip(line: str, width: int) -> str:
     line = line.replace("\t", "    ")
     return line if len(line) <= width else line[: max(0, width - 3)] + "..."
-
-
-def expected_ranks(command: Sequence[str]) -> int | None:
-    """The ranks a torchrun command starts (``--nproc_per_node`` x ``--nnodes``), if it says."""
-    if not command or os.path.basename(command[0]) not in ("torchrun", "torch.distributed.run"):
-        return None
-    opts: dict[str, str] = {}
-    it = iter(command[1:])
-    for arg in it:
-        if not arg.startswith("--"):
-            break  # the script: what follows is its own
-        name, eq, value = arg[2:].partition("=")
-        opts[name.replace("-", "_")] = value if eq else next(it, "")
-    try:
-        per_node = int(opts.get("nproc_per_node", "1"))
-        nodes = int(opts.get("nnodes", "1"))  # "1:4" (elastic) is no count
-    except ValueError:
-        return None
-    return per_node * nodes

@@ -9,8 +9,9 @@ from __future__ import annotations
 import shlex
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
+from auditor.analysis.budget import fmt_bytes
 from auditor.analysis.findings import SEVERITIES, Finding
 from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import RankStats
@@ -180,14 +181,24 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
     if nodes:
         emit("Nodes: " + ", ".join(_node_text(n) for n in nodes))
 
+    answers = fix_answers(findings)
+    given: dict[tuple[int, str], str] = {}
     for f in findings:
         out.append("")
-        out.extend(_finding_lines(f, color))
+        out.extend(_finding_lines(f, color, answers, given))
 
     if ranks:
         out.append("")
         out.append("Per rank (medians per step):")
         out.extend("  " + line for line in _verdict_table(ranks))
+
+    budgets = _budgets(ranks)
+    if budgets:
+        out.append("")
+        out.append("Memory per rank (measured):")
+        out.extend("  " + line for line in _memory_table(ranks, budgets))
+        for line in _memory_notes(budgets):
+            emit(line, indent="  ", cont="    ")
 
     unmeasured = _unmeasured(ranks)
     if unmeasured:
@@ -217,7 +228,33 @@ def _node_text(n: Mapping[str, Any]) -> str:
     return f"{n.get('node')} {n.get('state')}{held}"
 
 
-def _finding_lines(f: Mapping[str, Any], color: bool) -> list[str]:
+def fix_answers(findings: Iterable[Mapping[str, Any]]) -> dict[tuple[int, str], list[str]]:
+    """Every (rank, fix text) the findings give, with the kinds of the findings that give it,
+    in the order given (two findings often name one fix: a throttled GPU is both a hardware
+    straggler and the cause of the utilisation gap)."""
+    out: dict[tuple[int, str], list[str]] = {}
+    for f in findings:
+        for key, fix in (f.get("fixes") or {}).items():
+            try:
+                rank = int(key)
+            except (TypeError, ValueError):
+                continue
+            kinds = out.setdefault((rank, str(fix)), [])
+            kind = str(f.get("kind", "?"))
+            if kind not in kinds:
+                kinds.append(kind)
+    return out
+
+
+def _finding_lines(
+    f: Mapping[str, Any],
+    color: bool,
+    answers: Mapping[tuple[int, str], Sequence[str]] | None = None,
+    given: dict[tuple[int, str], str] | None = None,
+) -> list[str]:
+    """A finding: its head, its summary, and each rank's fix. A fix an earlier finding already
+    gave (``given``) is named, not repeated; one that answers several findings (``answers``)
+    says which."""
     severity = str(f.get("severity", "info"))
     ranks = [int(r) for r in f.get("ranks") or ()]
     head = f"{f.get('kind', '?')} ({severity})"
@@ -233,8 +270,24 @@ def _finding_lines(f: Mapping[str, Any], color: bool) -> list[str]:
     if summary:
         lines.extend(wrap(summary, indent="  ", cont="    "))
     fixes = f.get("fixes") or {}
+    answers = answers or {}
+    given = {} if given is None else given
+    kind = str(f.get("kind", "?"))
     for rank, fix in sorted(fixes.items(), key=lambda kv: _int_key(kv[0])):
-        lines.extend(wrap(f"rank {rank}: {fix}", indent="  ", cont="      "))
+        try:
+            key: tuple[int, str] | None = (int(rank), str(fix))
+        except (TypeError, ValueError):
+            key = None
+        if key is not None and key in given:
+            text = f"rank {rank}: the fix given under {given[key]} above"
+        else:
+            text = f"rank {rank}: {fix}"
+            kinds = answers.get(key, ()) if key is not None else ()
+            if len(kinds) > 1:
+                text += f" (answers {', '.join(kinds)})"
+            if key is not None:
+                given[key] = kind
+        lines.extend(wrap(text, indent="  ", cont="      "))
     return lines
 
 
@@ -257,6 +310,99 @@ def _verdict_table(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
             ]
         )
     return [_clip(line, VERDICT_WIDTH - 2) for line in _table(titles, rows, left={1})]
+
+
+def _budgets(ranks: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """Each rank's measured memory budget (``memory.budget`` of the report), where it sent one."""
+    out: dict[int, Mapping[str, Any]] = {}
+    for r in ranks:
+        memory = r.get("memory")
+        budget = memory.get("budget") if isinstance(memory, Mapping) else None
+        if isinstance(budget, Mapping):
+            out[_as_int(r.get("rank"))] = budget
+    return out
+
+
+def _memory_table(
+    ranks: Sequence[Mapping[str, Any]], budgets: Mapping[int, Mapping[str, Any]]
+) -> list[str]:
+    """The budget by part, one row per rank (``-`` where a rank sent none or a part is not
+    measured). Seven columns of at most 10 characters: 78 columns at most."""
+    titles = ("rank", "params", "grads", "optimizer", "buffers", "act/sample", "act/step")
+    keys = (
+        "param_bytes",
+        "grad_bytes",
+        "optimizer_bytes",
+        "buffer_bytes",
+        "activation_bytes_per_sample",
+        "activation_bytes_per_step",
+    )
+    rows = []
+    for r in ranks:
+        b = budgets.get(_as_int(r.get("rank"))) or {}
+        rows.append([str(r.get("rank")), *(fmt_size(b.get(k)) for k in keys)])
+    return [_clip(line, VERDICT_WIDTH - 2) for line in _table(titles, rows, left=set())]
+
+
+def _memory_notes(budgets: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """What the table leaves out: the batch of the sampled forward, modules outside the model,
+    and the memory each rank may use (its device's total, or its share of the host's
+    available memory)."""
+    every = sorted(budgets)
+    notes = []
+    batches = {
+        r: f"batch {b['activation_batch']}"
+        for r, b in budgets.items()
+        if _measured(b.get("activation_bytes_per_step")) and b.get("activation_batch")
+    }
+    if batches:
+        at = _grouped(batches, every)
+        where = (
+            f"at {at[0]}" if len(at) == 1 and len(batches) == len(every) else f"({'; '.join(at)})"
+        )
+        notes.append(f"act/step: what one sampled forward saved for backward {where}.")
+    other = {
+        r: fmt_size(b["other_module_bytes"])
+        for r, b in budgets.items()
+        if _measured(b.get("other_module_bytes")) and b["other_module_bytes"] > 0
+    }
+    if other:
+        notes.append(
+            f"Modules outside the model (EMA or eval copies): {'; '.join(_grouped(other, every))}."
+        )
+    limits = {r: _limit_text(b) for r, b in budgets.items()}
+    notes.append(f"Limit per rank: {'; '.join(_grouped(limits, every))}.")
+    return notes
+
+
+def _limit_text(b: Mapping[str, Any]) -> str:
+    """The device's total on a GPU; on a CPU job the host's available memory over its ranks."""
+    device = b.get("device_total_bytes")
+    if _measured(device) and device > 0:
+        return f"device total {fmt_size(device)}"
+    avail = b.get("host_available_bytes")
+    if not _measured(avail):
+        return "not measured"
+    local = max(1, _as_int(b.get("local_ranks")))
+    text = f"host memory available {fmt_size(avail / local)}"
+    if local > 1:
+        text += f" ({fmt_size(avail)} shared by {local} ranks)"
+    return text
+
+
+def _grouped(texts: Mapping[int, str], every: Sequence[int]) -> list[str]:
+    """``ranks a, b: text`` per distinct text, in rank order; the text alone where every rank
+    in ``every`` has it."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(texts):
+        groups.setdefault(texts[rank], []).append(rank)
+    if len(groups) == 1 and sorted(texts) == sorted(every):
+        return list(groups)
+    return [f"{ranks_text(rs)}: {text}" for text, rs in groups.items()]
+
+
+def _measured(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _run_line(job: Mapping[str, Any], n_ranks: int) -> str:
@@ -390,6 +536,11 @@ def fmt_batch(value: float | None) -> str:
 
 def fmt_count(value: Any) -> str:
     return MISSING if value is None else str(value)
+
+
+def fmt_size(n_bytes: Any) -> str:
+    """Bytes as :func:`auditor.analysis.budget.fmt_bytes` writes them; ``-`` when not measured."""
+    return fmt_bytes(float(n_bytes)) if _measured(n_bytes) else MISSING
 
 
 def _table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[int]) -> list[str]:

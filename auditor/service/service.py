@@ -22,10 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules.common import ready
 from auditor.analysis.snapshot import Snapshot
+from auditor.audit import Audit
 from auditor.metrics.query import PrometheusClient, PrometheusError, Series
 
 from .promsnapshot import build_snapshots, queries, running_jobs
@@ -93,7 +93,7 @@ def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> JobResult:
         ranks=len(snapshot.ranks),
         world_size=snapshot.world_size,
         nodes={v.info.rank: v.info.host for v in snapshot.ranks},
-        findings=tuple(analyze(snapshot, overrides)),
+        findings=tuple(Audit(snapshot.job, overrides=overrides).judge_snapshot(snapshot)),
         imbalance_ratio=imbalance_ratio(snapshot),
         window=(snapshot.start, snapshot.end),
     )

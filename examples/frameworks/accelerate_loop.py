@@ -44,6 +44,12 @@ class Samples(Dataset):
         return torch.randn(64, generator=g), torch.tensor(i % 4)
 
 
+# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
+# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
+# phases is the small share it is on a real job.
+COMPUTE_S = 0.03
+
+
 class Net(nn.Module):
     def __init__(self, extra_s: float) -> None:
         super().__init__()
@@ -61,7 +67,7 @@ data = Samples(
     args.steps * BATCH * accelerator.num_processes,
     args.delay / BATCH if faulty and args.fault == "starved" else 0.0,
 )
-model = Net(args.delay if faulty and args.fault == "slow" else 0.0)
+model = Net(COMPUTE_S + (args.delay if faulty and args.fault == "slow" else 0.0))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 loader = DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=0)
 model, opt, loader = accelerator.prepare(model, opt, loader)

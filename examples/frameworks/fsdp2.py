@@ -50,6 +50,12 @@ class Block(nn.Module):
         return x + self.ff(self.norm(x))
 
 
+# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
+# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
+# phases is the small share it is on a real job.
+COMPUTE_S = 0.03
+
+
 class Net(nn.Module):
     def __init__(self, extra_s: float, width: int = 64, depth: int = 3) -> None:
         super().__init__()
@@ -80,7 +86,7 @@ def main() -> None:
         torch.set_num_threads(1)
     device = torch.device("cuda") if cuda else torch.device("cpu")
     faulty = rank == 1
-    model = Net(args.delay if faulty and args.fault == "slow" else 0.0).to(device)
+    model = Net(COMPUTE_S + (args.delay if faulty and args.fault == "slow" else 0.0)).to(device)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)

@@ -39,10 +39,16 @@ class Tokens(Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
+# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
+# phases is the small share it is on a real job.
+COMPUTE_S = 0.03
+
+
 class SlowGPT2(GPT2LMHeadModel):
     """The same model with extra work in every forward (a slower device, say)."""
 
-    extra_s = 0.0
+    extra_s = COMPUTE_S
 
     # Named parameters: the Trainer keeps only the dataset columns that forward names.
     def forward(self, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
@@ -60,10 +66,8 @@ def main() -> None:
     faulty = int(os.environ.get("RANK", "0")) == 1
     config = GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     if faulty and args.fault == "slow":
-        SlowGPT2.extra_s = args.delay
-        model: GPT2LMHeadModel = SlowGPT2(config)
-    else:
-        model = GPT2LMHeadModel(config)
+        SlowGPT2.extra_s = COMPUTE_S + args.delay
+    model: GPT2LMHeadModel = SlowGPT2(config)
     starved = faulty and args.fault == "starved"
     data = Tokens(args.steps * BATCH * 2, args.delay / BATCH if starved else 0.0)
     training = TrainingArguments(

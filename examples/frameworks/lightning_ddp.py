@@ -37,6 +37,12 @@ class Samples(Dataset):
         return torch.randn(64, generator=g), torch.tensor(i % 4)
 
 
+# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
+# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
+# phases is the small share it is on a real job.
+COMPUTE_S = 0.03
+
+
 class Classifier(L.LightningModule):
     def __init__(self, fault: str, delay: float, steps: int) -> None:
         super().__init__()
@@ -44,8 +50,8 @@ class Classifier(L.LightningModule):
         self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fault == "slow" and self.global_rank == 1:
-            time.sleep(self.delay)
+        slow = self.fault == "slow" and self.global_rank == 1
+        time.sleep(COMPUTE_S + (self.delay if slow else 0.0))
         return self.body(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], idx: int) -> torch.Tensor:

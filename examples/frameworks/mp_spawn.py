@@ -41,6 +41,12 @@ class Samples(Dataset):
         return torch.randn(64, generator=g), torch.tensor(i % 4)
 
 
+# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
+# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
+# phases is the small share it is on a real job.
+COMPUTE_S = 0.03
+
+
 class Net(nn.Module):
     def __init__(self, extra_s: float) -> None:
         super().__init__()
@@ -58,7 +64,7 @@ def worker(rank: int, port: int, fault: str, steps: int, delay: float) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     faulty = rank == 1
-    model = DDP(Net(delay if faulty and fault == "slow" else 0.0))
+    model = DDP(Net(COMPUTE_S + (delay if faulty and fault == "slow" else 0.0)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = Samples(steps * BATCH * WORLD, delay / BATCH if faulty and fault == "starved" else 0.0)
     loader = DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, WORLD, rank))

@@ -30,6 +30,12 @@ BATCH = 8
 WORKERS = 2
 
 
+# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
+# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
+# phases is the small share it is on a real job.
+COMPUTE_S = 0.03
+
+
 def train_loop(config: dict[str, Any]) -> None:
     # Defined inside the loop so that Ray ships them with it (this script is not importable
     # on the workers).
@@ -62,7 +68,8 @@ def train_loop(config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     fault, steps, delay = config["fault"], config["steps"], config["delay"]
     faulty = ray.train.get_context().get_world_rank() == 1
-    model = ray.train.torch.prepare_model(Net(delay if faulty and fault == "slow" else 0.0))
+    extra_s = COMPUTE_S + (delay if faulty and fault == "slow" else 0.0)
+    model = ray.train.torch.prepare_model(Net(extra_s))
     data = Samples(steps * BATCH * WORKERS, delay / BATCH if faulty and fault == "starved" else 0)
     loader = ray.train.torch.prepare_data_loader(DataLoader(data, batch_size=BATCH, shuffle=True))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -10,7 +10,7 @@ from auditor.analysis import analyze
 from auditor.analysis.rules import batch_split
 from auditor.analysis.snapshot import Snapshot
 from auditor.samples import Batch
-from tests.helpers.gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec
 
 
@@ -32,7 +32,7 @@ def test_30_over_4_names_the_short_gpu_and_the_nearest_batches() -> None:
     assert f.ranks == (0,)
     assert f.evidence["chunk_sizes"] == [8, 8, 8, 6]
     assert f.evidence["gpu_count"] == 4
-    assert [(g["index"], g["uuid"]) for g in f.evidence["gpus"]] == [(3, uuid_of(3))]
+    assert [(g["index"], g["uuid"]) for g in f.evidence["gpus"]] == [(3, gpu_uuid("node0", 3))]
     assert [v["chunk"] for v in f.evidence["per_gpu"].values()] == [8, 8, 8, 6]
     # 32 keeps the step (chunks of 8) and does 2 more samples; 28 saves an eighth of the
     # compute but not of the rest of the step: 32 first.

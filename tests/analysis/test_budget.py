@@ -22,9 +22,7 @@ from auditor.analysis.budget import (
 from auditor.analysis.rules import memory_headroom, memory_imbalance, memory_pressure
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.samples import MemoryBudget, RankInfo, StepSample
-
-MIB = 1024**2
-GIB = 1024**3
+from tests.helpers.units import GIB, MIB
 
 
 def adam(rank: int = 0, **kw: object) -> MemoryBudget:

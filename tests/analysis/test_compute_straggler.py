@@ -17,6 +17,7 @@ from tests.helpers.jobs import (
     forward_straggler,
     with_rank,
 )
+from tests.helpers.snapshots import collective_ops
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -154,3 +155,26 @@ def test_silent_below_min_steps() -> None:
     assert compute_straggler.detect(ddp_snapshot(forward_straggler(), steps=7)) == []
     f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler(), steps=8)))
     assert f.ranks == (2,)
+
+
+def test_names_the_collectives_the_others_wait_in() -> None:
+    """The probe names each collective: the finding says where the peers wait for the straggler
+    (the same words data_starvation uses), and its evidence carries each rank's wait by op."""
+    snap = ddp_snapshot(forward_straggler())
+    for r in (0, 1, 3):  # the peers wait for rank 2 mostly in the gradient all-reduce
+        snap = collective_ops(snap, r, {"ddp_allreduce": 30, "all_gather_object": 10})
+    snap = collective_ops(snap, 2, {"ddp_allreduce": 1})
+    f = _only(compute_straggler.detect(snap))
+    assert f.ranks == (2,)
+    assert f.summary.endswith("the others wait for it in ddp_allreduce/all_gather_object")
+    ops = f.evidence["collective_ops_ms"]
+    assert set(ops) == {"0", "1", "2", "3"}
+    assert set(ops["0"]) == {"ddp_allreduce", "all_gather_object"}
+    assert ops["0"]["ddp_allreduce"] == pytest.approx(3 * ops["0"]["all_gather_object"], rel=0.01)
+    assert sum(ops["0"].values()) == pytest.approx(f.evidence["collective_wait_ms"]["0"], abs=0.2)
+
+
+def test_without_named_collectives_the_wait_is_at_the_all_reduce() -> None:
+    f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
+    assert f.summary.endswith("the others wait for it at the all-reduce")
+    assert "collective_ops_ms" not in f.evidence

@@ -15,8 +15,8 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules import data_starvation
 from auditor.analysis.snapshot import Snapshot
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
-
-from .reshaped import GIB, collective_ops, data_cpu, host_available, process_memory
+from tests.helpers.snapshots import collective_ops, data_cpu, host_available, process_memory
+from tests.helpers.units import GIB
 
 # A CPU job's rank (no device copy): 95 ms of own work a step, the main process loads.
 CPU_RANK = RankSpec(

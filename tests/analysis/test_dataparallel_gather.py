@@ -2,42 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import dataparallel_gather
 from auditor.analysis.rules.dataparallel_gather import balanced_chunks, torch_chunks
-from auditor.analysis.snapshot import Snapshot
-from auditor.samples import Batch
-from tests.helpers.gpus import GIB, GpuSpec, attach_gpus, uuid_of
-from tests.helpers.jobs import JobBuilder, RankSpec, balanced
-
-
-def dp_snapshot(
-    mem_gib: list[float | None],
-    util: list[float] | None = None,
-    *,
-    batch: int = 32,
-    link: str = "uuid",
-    steps: int = 24,
-    order: list[int] | None = None,
-) -> Snapshot:
-    """One DataParallel process (rank 0) driving ``len(mem_gib)`` GPUs on node0."""
-    n = len(mem_gib)
-    util = util or [0.95] + [0.60] * (n - 1)
-    job = JobBuilder([RankSpec(batch_size=batch)], parallel_mode="dataparallel").run(steps)
-    gpus = [
-        GpuSpec(util=u, mem_used=None if m is None else int(m * GIB))
-        for m, u in zip(mem_gib, util, strict=True)
-    ]
-    attach_gpus(job, gpus, owners=[[0]] * n, link=link)
-    if order is not None:  # device_ids in another order than NVML's
-        info = job.store.infos[0]
-        job.store.add(Batch(infos=(replace(info, device_uuids=tuple(uuid_of(i) for i in order)),)))
-    return job.snapshot()
+from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
+from tests.helpers.jobs import JobBuilder, balanced
+from tests.helpers.snapshots import dp_snapshot
+from tests.helpers.units import GIB
 
 
 def _kind(findings: list[Finding], kind: str) -> list[Finding]:
@@ -55,7 +29,9 @@ def test_gpu0_gathering_is_found_with_its_memory_imbalance() -> None:
         assert f.ranks == (0,), f.to_dict()
         # The gather names GPU 0; the symptom names the blamed rank's GPUs (all four).
         named = (
-            [uuid_of(i) for i in range(4)] if f.kind == "utilization_imbalance" else [uuid_of(0)]
+            [gpu_uuid("node0", i) for i in range(4)]
+            if f.kind == "utilization_imbalance"
+            else [gpu_uuid("node0", 0)]
         )
         assert [g["uuid"] for g in f.evidence["gpus"]] == named, f.to_dict()
     (gather,) = _kind(findings, "dataparallel_gather")
@@ -70,8 +46,8 @@ def test_gpu0_gathering_is_found_with_its_memory_imbalance() -> None:
     assert gather.evidence["script"] == "train.py"
     assert gather.evidence["script_note"].startswith("placeholder")
     per_gpu = gather.evidence["per_gpu"]
-    assert [per_gpu[uuid_of(i)]["index"] for i in range(4)] == [0, 1, 2, 3]
-    assert [per_gpu[uuid_of(i)]["chunk"] for i in range(4)] == [8, 8, 8, 8]
+    assert [per_gpu[gpu_uuid("node0", i)]["index"] for i in range(4)] == [0, 1, 2, 3]
+    assert [per_gpu[gpu_uuid("node0", i)]["chunk"] for i in range(4)] == [8, 8, 8, 8]
     fix = gather.fixes[0]
     assert "`torchrun --nproc_per_node=4 train.py`" in fix
     assert "batch_size 32 -> 8 per process" in fix
@@ -123,7 +99,7 @@ def test_decision_table(
     assert [f.kind for f in findings] == expected
     for f in findings:
         assert f.ranks == (0,)
-        assert f.evidence["gpus"][0]["uuid"] == uuid_of(0)
+        assert f.evidence["gpus"][0]["uuid"] == gpu_uuid("node0", 0)
 
 
 def test_primary_found_from_nvml_processes_alone() -> None:

@@ -15,8 +15,9 @@ from auditor.analysis.devices import (
 )
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.samples import Batch, DeviceSample, GpuProcess, RankInfo
-from tests.helpers.gpus import GIB, H100_TOTAL, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import H100_TOTAL, GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
+from tests.helpers.units import GIB, MIB
 
 
 def _snap(infos: list[RankInfo], devices: list[DeviceSample]) -> Snapshot:
@@ -35,7 +36,7 @@ def _dev(
 ) -> DeviceSample:
     procs = tuple(GpuProcess(pid=p, used_bytes=b) for p, b in (pids or {}).items())
     return DeviceSample(
-        node=node, index=index, uuid=uuid_of(index, node), time=t, processes=procs, **kw
+        node=node, index=index, uuid=gpu_uuid(node, index), time=t, processes=procs, **kw
     )
 
 
@@ -43,7 +44,7 @@ def _rank(rank: int, *, pid: int, host: str = "node0", **kw: Any) -> RankInfo:
     return RankInfo(rank=rank, world_size=4, host=host, pid=pid, **kw)
 
 
-U = [uuid_of(i) for i in range(4)]
+U = [gpu_uuid("node0", i) for i in range(4)]
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ U = [uuid_of(i) for i in range(4)]
         pytest.param(
             [_rank(0, pid=11, host="node1")],
             [_dev(0, pids={11: GIB}), _dev(0, node="node1")],
-            {U[0]: (), uuid_of(0, "node1"): ()},
+            {U[0]: (), gpu_uuid("node1", 0): ()},
             id="same-pid-on-another-host-is-not-the-rank",
         ),
         pytest.param(
@@ -129,7 +130,7 @@ def test_device_stats_medians_shares_and_trend() -> None:
             t=100.0 + i,
             model="NVIDIA H200",
             gpu_util=u,
-            mem_used_bytes=10 * GIB + i * 100 * 1024**2,
+            mem_used_bytes=10 * GIB + i * 100 * MIB,
             mem_total_bytes=H100_TOTAL,
             sm_clock_mhz=clock,
             sm_clock_max_mhz=1980.0,
@@ -150,14 +151,14 @@ def test_device_stats_medians_shares_and_trend() -> None:
             ]
         )
     ]
-    d = device_stats(_snap([], samples))[uuid_of(2)]
+    d = device_stats(_snap([], samples))[gpu_uuid("node0", 2)]
     assert (d.node, d.index, d.model, d.samples, d.lost) == ("node0", 2, "NVIDIA H200", 5, False)
     assert d.gpu_util == pytest.approx(0.7)
-    assert d.mem_used_bytes == pytest.approx(10 * GIB + 200 * 1024**2)
-    assert d.mem_used_max_bytes == 10 * GIB + 400 * 1024**2
-    assert d.mem_trend_bytes_per_s == pytest.approx(100 * 1024**2)
-    assert d.mem_recent_trend_bytes_per_s == pytest.approx(100 * 1024**2)
-    assert d.mem_rise_bytes == pytest.approx(400 * 1024**2)
+    assert d.mem_used_bytes == pytest.approx(10 * GIB + 200 * MIB)
+    assert d.mem_used_max_bytes == 10 * GIB + 400 * MIB
+    assert d.mem_trend_bytes_per_s == pytest.approx(100 * MIB)
+    assert d.mem_recent_trend_bytes_per_s == pytest.approx(100 * MIB)
+    assert d.mem_rise_bytes == pytest.approx(400 * MIB)
     assert d.sm_clock_ratio == pytest.approx(0.5)
     # 4 samples had readable reasons; gpu_idle is not a throttle: 2 of 4.
     assert d.throttle_share == pytest.approx(0.5)
@@ -165,7 +166,12 @@ def test_device_stats_medians_shares_and_trend() -> None:
     # The best link seen: gen 5 x16 reached, so not degraded despite the idle gen 1.
     assert (d.pcie_gen, d.pcie_width, d.pcie_degraded) == (5, 16, False)
     assert d.pids == (42,)
-    assert d.ref == {"uuid": uuid_of(2), "node": "node0", "index": 2, "model": "NVIDIA H200"}
+    assert d.ref == {
+        "uuid": gpu_uuid("node0", 2),
+        "node": "node0",
+        "index": 2,
+        "model": "NVIDIA H200",
+    }
     assert d.label == "node0 GPU 2"
 
 

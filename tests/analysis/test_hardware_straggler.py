@@ -9,7 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import hardware_straggler
 from auditor.analysis.snapshot import Snapshot
-from tests.helpers.gpus import GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
 HOT = GpuSpec(throttle=("sw_thermal_slowdown",), sm_clock=1400.0, temperature=88.0, util=0.99)
@@ -46,15 +46,20 @@ def test_throttled_gpu_2_blamed_with_reason_fix_and_speedup() -> None:
     assert f.kind == "hardware_straggler"
     assert f.ranks == (2,)
     assert f.evidence["gpus"] == [
-        {"uuid": uuid_of(2), "node": "node0", "index": 2, "model": "NVIDIA H100 80GB HBM3"}
+        {
+            "uuid": gpu_uuid("node0", 2),
+            "node": "node0",
+            "index": 2,
+            "model": "NVIDIA H100 80GB HBM3",
+        }
     ]
     reasons = f.evidence["per_rank"]["2"]["reasons"]
     assert reasons[0] == "throttled (sw_thermal_slowdown) in 100% of samples"
     assert reasons[1].startswith("SM clock at 71% of its maximum")
-    assert f.evidence["per_gpu"][uuid_of(2)]["throttle_share"] == 1.0
+    assert f.evidence["per_gpu"][gpu_uuid("node0", 2)]["throttle_share"] == 1.0
     fix = f.fixes[2]
     assert fix.startswith("node0 GPU 2 slows down for heat at 88 C: check its cooling")
-    assert f"or move rank 2 off node0 GPU 2 ({uuid_of(2)})" in fix
+    assert f"or move rank 2 off node0 GPU 2 ({gpu_uuid('node0', 2)})" in fix
     # Compute per sample 1.4x its peers': 32 / 1.4 = 22.9 -> 22.
     assert "batch_size 32 -> 22" in fix
     # Barrier model: local 141 ms + 4 ms floor = 145 ms; rank 2 at its peers' 101 ms: 105 ms.

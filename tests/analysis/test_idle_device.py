@@ -10,10 +10,10 @@ from auditor.analysis import analyze
 from auditor.analysis.rules import idle_device
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.samples import Batch, GpuProcess
-from tests.helpers.gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
+from tests.helpers.units import GIB, MIB
 
-MIB = 1024**2
 FREE = GpuSpec(util=0.0, mem_used=4 * MIB, processes=(), throttle=("gpu_idle",))
 STRAY = GpuSpec(
     util=0.0,
@@ -39,7 +39,12 @@ def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
     assert f.severity == "warning"
     assert f.predicted_speedup is None
     assert f.evidence["gpus"] == [
-        {"uuid": uuid_of(2), "node": "node0", "index": 2, "model": "NVIDIA H100 80GB HBM3"}
+        {
+            "uuid": gpu_uuid("node0", 2),
+            "node": "node0",
+            "index": 2,
+            "model": "NVIDIA H100 80GB HBM3",
+        }
     ]
     assert f.evidence["pids"] == [31337]
     assert f.evidence["held_bytes"] == 12 * GIB

@@ -8,8 +8,8 @@ import pytest
 from auditor.analysis.loading import CPU, IO, UNKNOWN, fair_share, loading_cost
 from auditor.analysis.snapshot import Snapshot
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
-
-from .reshaped import GIB, collective_ops, data_cpu, load_average, process_memory
+from tests.helpers.snapshots import collective_ops, data_cpu, load_average, process_memory
+from tests.helpers.units import GIB
 
 # A CPU job's rank: no device copy, 95 ms of own work, the main process loading (num_workers=0).
 CPU_RANK = RankSpec(

@@ -8,47 +8,11 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import memory_headroom
 from auditor.analysis.rules.memory_headroom import fit_memory
-from auditor.analysis.snapshot import SampleStore, Snapshot
-from tests.helpers.gpus import GIB, H100_TOTAL, GpuSpec, MemoryStore, attach_gpus, batch_at
-from tests.helpers.jobs import JobBuilder, RankSpec, balanced
+from tests.helpers.gpus import H100_TOTAL
+from tests.helpers.snapshots import batch_ramp
+from tests.helpers.units import GIB
 
 TOTAL_GIB = H100_TOTAL / GIB  # 79.65
-
-
-def ramp(
-    batches: list[int],
-    *,
-    fixed_gib: float,
-    per_sample_gib: float,
-    overhead_gib: float = 1.0,
-    world: int = 2,
-    steps_each: int = 8,
-    probe: str | None = "mem_peak_bytes",
-    noise: float = 0.0,
-    gpus: bool = True,
-) -> Snapshot:
-    """A DDP job whose batch ramps through ``batches``; memory follows ``a + b * batch``.
-
-    The probe reports ``probe`` (None: no memory from the probe); NVML sees the same plus
-    ``overhead_gib`` (CUDA context and allocator cache).
-    """
-    store: SampleStore = (
-        MemoryStore(fixed_gib * GIB, per_sample_gib * GIB, field=probe, noise=noise)
-        if probe
-        else SampleStore(job="test")
-    )
-    job = JobBuilder(balanced(world), store=store)
-    for b in batches:
-        job.run(steps_each, [RankSpec().scaled(b / 32, batch_size=b)] * world)
-    if gpus:
-        view = job.snapshot().ranks[0]
-        at = batch_at([(s.time, s.batch_size or 0) for s in view.steps])
-
-        def used(t: float) -> int:
-            return int((fixed_gib + overhead_gib + per_sample_gib * at(t)) * GIB)
-
-        attach_gpus(job, [GpuSpec(mem_fn=used)] * world)
-    return job.snapshot()
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -57,7 +21,7 @@ def _only(findings: list[Finding]) -> Finding:
 
 
 def test_underused_memory_says_the_largest_batch_that_fits() -> None:
-    snap = ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35)
+    snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35)
     f = _only(memory_headroom.detect(snap))
     assert f.kind == "memory_headroom"
     assert f.severity == "info"
@@ -80,13 +44,13 @@ def test_underused_memory_says_the_largest_batch_that_fits() -> None:
 
 
 def test_the_engine_adds_nothing_else_for_a_healthy_ramp() -> None:
-    findings = analyze(ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35))
+    findings = analyze(batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35))
     assert [(f.kind, f.severity) for f in findings] == [("memory_headroom", "info")]
 
 
 def test_tight_memory_suggests_checkpointing_and_mixed_precision_with_numbers() -> None:
     # At batch 64: 20 + 1 + 0.85 * 64 = 75.4 GiB > 0.9 * 79.65 = 71.7 GiB.
-    snap = ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
+    snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
     f = _only(memory_headroom.detect(snap))
     assert f.severity == "warning"
     assert f.ranks == (0, 1)
@@ -103,7 +67,7 @@ def test_tight_memory_suggests_checkpointing_and_mixed_precision_with_numbers() 
 
 
 def test_a_dominant_model_part_points_at_optimizer_state_not_the_batch() -> None:
-    snap = ramp([48, 56, 64], fixed_gib=45.0, per_sample_gib=0.45)
+    snap = batch_ramp([48, 56, 64], fixed_gib=45.0, per_sample_gib=0.45)
     f = _only(memory_headroom.detect(snap))
     assert f.severity == "warning"
     assert "the model part alone is 46.0 GiB" in f.fixes[0]
@@ -129,12 +93,12 @@ def test_a_dominant_model_part_points_at_optimizer_state_not_the_batch() -> None
 )
 def test_decision_table(kwargs: dict, rule_kwargs: dict, expected: str | None) -> None:
     args = {"batches": [16, 32, 48, 64], "fixed_gib": 6.0, "per_sample_gib": 0.35, **kwargs}
-    findings = memory_headroom.detect(ramp(**args), **rule_kwargs)
+    findings = memory_headroom.detect(batch_ramp(**args), **rule_kwargs)
     assert [f.severity for f in findings] == ([expected] if expected else [])
 
 
 def test_nvml_only_fit_recovers_the_model() -> None:
-    snap = ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35, probe=None)
+    snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35, probe=None)
     row = _only(memory_headroom.detect(snap)).evidence["per_rank"]["0"]
     assert row["source"] == "nvml mem_used_bytes"
     # NVML includes the 1 GiB overhead in the fixed part.
@@ -143,16 +107,16 @@ def test_nvml_only_fit_recovers_the_model() -> None:
 
 
 def test_memory_pressure_ranks_are_left_to_it() -> None:
-    snap = ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
+    snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
     prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,), summary="x"),)
     f = _only(memory_headroom.detect(snap, prior=prior))
     assert f.ranks == (1,)
 
 
 def test_fit_memory_needs_two_batch_sizes() -> None:
-    snap = ramp([32], fixed_gib=6.0, per_sample_gib=0.35, gpus=False)
+    snap = batch_ramp([32], fixed_gib=6.0, per_sample_gib=0.35, gpus=False)
     assert fit_memory(snap.ranks[0], None) is None
-    snap = ramp([16, 32], fixed_gib=6.0, per_sample_gib=0.35, gpus=False)
+    snap = batch_ramp([16, 32], fixed_gib=6.0, per_sample_gib=0.35, gpus=False)
     fit = fit_memory(snap.ranks[0], None)
     assert fit is not None
     assert fit.predict(100) == pytest.approx((6.0 + 35.0) * GIB)

@@ -8,10 +8,10 @@ from auditor.analysis import analyze
 from auditor.analysis.rules import dataparallel_gather, memory_imbalance
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.samples import Batch, GpuProcess, RankInfo, StepSample
-from tests.helpers.gpus import GIB, GpuSpec, attach_gpus, uuid_of
+from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced
-
-from .test_dataparallel_gather import dp_snapshot
+from tests.helpers.snapshots import dp_snapshot
+from tests.helpers.units import GIB
 
 
 def ddp_mem_snapshot(
@@ -53,7 +53,9 @@ def test_decision_table(mem: list[float], kwargs: dict, expected: list) -> None:
         got = [(f.ranks, f.evidence["gpus"][0]["index"], f.severity) for f in findings]
         assert got == expected, link
         for f in findings:
-            assert f.evidence["gpus"][0]["uuid"] == uuid_of(f.evidence["gpus"][0]["index"])
+            assert f.evidence["gpus"][0]["uuid"] == gpu_uuid(
+                "node0", f.evidence["gpus"][0]["index"]
+            )
             assert f.predicted_speedup is None
             assert set(f.fixes) == set(f.ranks)
 
@@ -63,7 +65,7 @@ def test_owner_blamed_with_evidence_and_fix() -> None:
     assert f.ranks == (2,)
     assert f.evidence["ratio_to_peers"] == pytest.approx(60 / 36, abs=0.01)
     assert f.evidence["excess_bytes"] == pytest.approx(24 * GIB, rel=0.01)
-    assert f.evidence["per_gpu"][uuid_of(2)]["ranks"] == [2]
+    assert f.evidence["per_gpu"][gpu_uuid("node0", 2)]["ranks"] == [2]
     assert f.fixes[2].startswith("rank 2 holds 24.0 GiB more than its peers on node0 GPU 2")
 
 

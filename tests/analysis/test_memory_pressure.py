@@ -9,12 +9,11 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import memory_pressure
 from auditor.analysis.snapshot import Snapshot
-from tests.helpers.gpus import GIB, H100_TOTAL, GpuSpec, attach_gpus
+from tests.helpers.gpus import H100_TOTAL, GpuSpec, attach_gpus
 from tests.helpers.jobs import JobBuilder, balanced
+from tests.helpers.snapshots import batch_ramp
+from tests.helpers.units import GIB, MIB
 
-from .test_memory_headroom import ramp
-
-MIB = 1024**2
 # 73 GiB of 79.65 (92%) rising 200 MiB/s: about 0.5 GiB over the 2.5 s run.
 LEAKING = GpuSpec(mem_used=73 * GIB, mem_slope=200 * MIB)
 
@@ -85,7 +84,7 @@ def test_unowned_gpu_is_named_without_ranks() -> None:
 
 def test_batch_from_the_fitted_model_when_the_batch_varied() -> None:
     # A ramp to 64 with 6 + 1.05 GiB per sample: 74.2 GiB at 64 (93%), rising with the batch.
-    snap = ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=1.05)
+    snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=1.05)
     findings = analyze(snap)
     pressure = [f for f in findings if f.kind == "memory_pressure"]
     assert [f.ranks for f in pressure] == [(0,), (1,)]

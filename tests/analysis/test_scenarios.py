@@ -20,9 +20,9 @@ from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import Snapshot
 from auditor.telemetry.recorded import read_recording
+from tests.helpers.units import GIB, MIB
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GIB = 1024**3
 
 
 def load(name: str, window_s: float | None = None) -> tuple[Snapshot, dict[int, str]]:
@@ -146,7 +146,7 @@ def test_dp_batch_details() -> None:
 def test_idle_gpu_details() -> None:
     f = _one(analyze(load("idle_allocated_gpu")[0]), "idle_device")
     assert f.evidence["pids"] == [39127]
-    assert f.evidence["held_bytes"] == 18 * GIB + 512 * 1024**2
+    assert f.evidence["held_bytes"] == 18 * GIB + 512 * MIB
     assert "`kill 39127`" in f.evidence["fix"]
 
 

@@ -73,6 +73,7 @@ def test_memory_is_bounded_per_rank_and_totals_survive() -> None:
     times = [float(t) for t in range(1, 101)]
     store = _store(times, ranks=(0, 1), max_steps_per_rank=10, max_cpu_per_rank=5)
     snap = store.snapshot(now=100.0, window_s=None)
+    assert [view.info.rank for view in snap.ranks] == [0, 1]
     for view in snap.ranks:
         assert [s.time for s in view.steps] == [float(t) for t in range(91, 101)]
         assert [c.time for c in view.cpu] == [96.0, 97.0, 98.0, 99.0, 100.0]

@@ -17,6 +17,7 @@ from auditor.analysis.rules import (
 )
 from auditor.analysis.snapshot import Snapshot
 from tests.helpers.jobs import RankSpec, balanced, ddp_snapshot
+from tests.helpers.snapshots import collective_ops
 
 # Busy 50%: 50 ms of compute in a 100 ms step (6 ms data wait, 4 ms comm, 40 ms waiting for the
 # slow rank). Busy 90%: 90 ms of compute in the same 100 ms step.
@@ -134,3 +135,19 @@ def test_a_rank_with_unmeasured_wait_that_only_waits_is_not_blamed() -> None:
 def test_silent_below_min_steps() -> None:
     assert utilization_imbalance.detect(ddp_snapshot(busy_90_50(SLOW, 2), steps=7)) == []
     assert len(utilization_imbalance.detect(ddp_snapshot(busy_90_50(SLOW, 2), steps=8))) == 1
+
+
+def test_names_the_collectives_the_others_wait_in() -> None:
+    """Where the probe named the collectives, the summary says where the others wait for the
+    blamed rank, with the helper compute_straggler and data_starvation use."""
+    snap = ddp_snapshot(busy_90_50(SLOW, 2))
+    for r in (0, 1, 3):
+        snap = collective_ops(snap, r, {"all_reduce": 1, "ddp_allreduce": 9})
+    snap = collective_ops(snap, 2, {"ddp_allreduce": 1})
+    f = _only(analyze(snap), "utilization_imbalance")
+    assert f.ranks == (2,)
+    assert f.summary.endswith("the others wait for rank 2 in ddp_allreduce/all_reduce")
+    assert set(f.evidence["collective_ops_ms"]) == {"0", "1", "2", "3"}
+    # Unnamed (an older probe): the summary says only who is waited for.
+    plain = _only(analyze(ddp_snapshot(busy_90_50(SLOW, 2))), "utilization_imbalance")
+    assert plain.summary.endswith("the others wait for rank 2")

@@ -14,8 +14,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules import utilization_imbalance
 from auditor.analysis.snapshot import Snapshot
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
-
-from .reshaped import collective_ops
+from tests.helpers.snapshots import collective_ops
 
 # A Hugging Face Trainer job on CPU: 150 ms of own work a step (forward 50, backward 90,
 # optimizer 10), the main process loads. Rank 1 waits 100 ms for data: 39% of a 254 ms step.

@@ -7,17 +7,15 @@ import os
 import shutil
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from auditor.analysis.findings import Finding
 from auditor.cluster.agent import NodeAgentCore
 from auditor.probe.sink import encode, step_message
 from auditor.samples import Batch, LoaderConfig, RankInfo, StepSample
 from auditor.telemetry.host import HostSampler
+from tests.helpers.scrape import scrape, value
 from tests.helpers.waiting import wait_for
 from tests.probe import short_dir
 from tests.telemetry import ProcTable
@@ -79,23 +77,6 @@ class Drained:
 
     def all(self, field: str) -> list:  # type: ignore[type-arg]
         return [x for b in self.batches for x in getattr(b, field)]
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
-
-
-def value(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str):
-    """The one sample of ``name`` whose labels include ``labels`` (None if there is none)."""
-    hits = [v for (n, ls), v in series.items() if n == name and set(labels.items()) <= ls]
-    assert len(hits) <= 1, (name, labels, hits)
-    return hits[0] if hits else None
 
 
 @pytest.fixture
@@ -190,7 +171,7 @@ def test_drain_returns_infos_steps_process_and_node_cpu(agent: NodeAgentCore) ->
     assert got.poll().batches[-1].processes == ()
 
 
-def test_metrics_endpoint_serves_the_ranks_and_findings(agent: NodeAgentCore) -> None:
+def test_metrics_endpoint_serves_the_ranks(agent: NodeAgentCore) -> None:
     url = agent.address()["metrics"]
     rank0 = {"job": JOB, "node": NODE, "rank": "0", "local_rank": "0"}
     with connect(agent) as r0:
@@ -215,25 +196,6 @@ def test_metrics_endpoint_serves_the_ranks_and_findings(agent: NodeAgentCore) ->
         assert value(series, "auditor_node_cpu_cores", job=JOB, node=NODE) == 4.0
         assert value(series, "auditor_node_cpu_busy_cores", job=JOB, node=NODE) == 2.0
 
-        finding = Finding(
-            kind="data_starvation",
-            severity="warning",
-            ranks=(0,),
-            summary="rank 0 waits for data",
-            fixes={0: "num_workers=4"},
-            predicted_speedup=1.3,
-        )
-        agent.set_findings([finding.to_dict()])
-        series = scrape(url)
-        labels = {"job": JOB, "kind": "data_starvation", "rank": "0", "severity": "warning"}
-        assert value(series, "auditor_finding", node=NODE, **labels) == 1
-        assert value(
-            series, "auditor_finding_predicted_speedup", job=JOB, kind="data_starvation", rank="0"
-        ) == pytest.approx(1.3)
-        time.sleep(0.3)  # host samples rebuild the export state: the verdict stays
-        assert value(scrape(url), "auditor_finding", node=NODE, **labels) == 1
-        agent.set_findings([])
-        assert value(scrape(url), "auditor_finding", node=NODE, **labels) is None
     wait_for(lambda: value(scrape(url), "auditor_rank_up", **rank0) == 0)
 
 

@@ -28,6 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.metrics import catalog as C
 from tests.helpers.gpus import gpu_uuid, write_gpus
+from tests.helpers.tools import require_tool
+from tests.helpers.units import GIB
 from tests.helpers.waiting import wait_for
 from tests.tmproot import ray_temp_dir
 
@@ -148,17 +150,19 @@ def check_endpoint(url: str, node: str, uuids: set[str]) -> None:
         assert series[("auditor_gpu_up", uuid, "")] == 1
         assert 0 <= series[("auditor_gpu_utilization_ratio", uuid, "")] <= 1
         assert series[("auditor_gpu_sm_clock_hertz", uuid, "")] == 1410e6  # MHz -> Hz
-        assert series[("auditor_gpu_memory_total_bytes", uuid, "")] == 80 * 2**30
+        assert series[("auditor_gpu_memory_total_bytes", uuid, "")] == 80 * GIB
         assert series[("auditor_gpu_power_limit_watts", uuid, "")] == 400.0
         ts = series[("auditor_gpu_last_sample_timestamp_seconds", uuid, "")]
         assert abs(ts - time.time()) < 30  # replayed in real time, not the recording's epoch
     assert "auditor_node_cpu_cores" in text
-    promtool = shutil.which("promtool")
-    if promtool is not None:
-        proc = subprocess.run(
-            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stdout
+    proc = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stdout
 
 
 def test_one_monitor_per_gpu_each_on_its_node(env: Env, fleet: Any) -> None:

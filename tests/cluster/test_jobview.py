@@ -10,6 +10,7 @@ from auditor.audit import Audit
 from auditor.cluster.jobview import LOST, RUNNING, JobViewCore, actor_name, job_key
 from auditor.samples import Batch, StepSample
 from auditor.telemetry.recorded import read_recording, write_recording
+from tests.helpers.clocks import Clock
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced, with_rank
 
 
@@ -43,14 +44,6 @@ def test_job_key_joins_the_nodes_of_one_job_and_no_other() -> None:
 
 def step(rank: int, n: int, t: float) -> StepSample:
     return StepSample(rank=rank, step=n, time=t, step_s=0.1)
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_view_hands_each_node_the_others_samples_in_its_own_clock() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from auditor.cluster.launcher import Child, LaunchError, check_command, exit_code_of
+from tests.helpers.tools import require_tool
 from tests.helpers.waiting import wait_for
 from tests.probe import SCRIPTS, clean_env
 
@@ -30,8 +30,8 @@ from tests.probe import SCRIPTS, clean_env
     ],
 )
 def test_check_command_refuses(command: list[str], message: str) -> None:
-    if command[:1] == ["torchrun"] and not shutil.which("torchrun"):
-        pytest.skip("torchrun is not on PATH")
+    if command[:1] == ["torchrun"]:
+        require_tool("torchrun", install="it comes with torch: pip install torch")
     with pytest.raises(LaunchError, match=message):
         check_command(command)
 

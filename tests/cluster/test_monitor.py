@@ -21,8 +21,9 @@ from auditor.config import FLEET_OPTIONS, device_source
 from auditor.files import write_text_atomic
 from auditor.samples import DeviceSample
 from auditor.telemetry.sources import RecordedDeviceSource
-from tests.cluster.test_agent import scrape, value
+from tests.helpers.clocks import Clock
 from tests.helpers.gpus import MODEL, gpu_uuid, write_gpus
+from tests.helpers.scrape import scrape, value
 from tests.helpers.waiting import wait_for
 from tests.probe import short_dir
 
@@ -41,14 +42,6 @@ def sink_dir() -> Iterator[str]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-class Clock:
-    def __init__(self, t: float = 5000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class Flaky:
     """A monitor stand-in whose answers can be switched off (a dead or restarting monitor)."""
 
@@ -64,7 +57,7 @@ class Flaky:
 
 # --- the monitor ---------------------------------------------------------------------------------
 def test_monitor_samples_its_gpu_at_once_and_reports_itself(spec: str) -> None:
-    clock = Clock()
+    clock = Clock(5000.0)
     path = spec.removeprefix("recorded:")
     source = RecordedDeviceSource(path, NODE, clock=clock)
     m = GpuMonitorCore(node=NODE, uuid=gpu_uuid(NODE, 1), interval_s=3600, source=source)
@@ -75,14 +68,14 @@ def test_monitor_samples_its_gpu_at_once_and_reports_itself(spec: str) -> None:
         assert (first.node, first.index, first.uuid, first.model) == (
             NODE,
             1,
-            "GPU-node-a-1",
+            gpu_uuid(NODE, 1),
             MODEL,
         )
         assert first.time == 5000.0 and first.gpu_util == pytest.approx(0.6)
         clock.t = 5002.0
         assert m.sample_once() is not None and m.latest().time == 5002.0  # type: ignore[union-attr]
         info = m.info()
-        assert info["uuid"] == "GPU-node-a-1" and info["index"] == 1 and info["model"] == MODEL
+        assert info["uuid"] == gpu_uuid(NODE, 1) and info["index"] == 1 and info["model"] == MODEL
         assert info["pid"] == os.getpid() and info["ray_node_id"] is None
         assert info["samples"] >= 2 and info["errors"] == 0
     finally:
@@ -93,7 +86,7 @@ def test_monitor_builds_its_source_from_the_spec(spec: str) -> None:
     m = GpuMonitorCore(source_spec=spec, node=NODE, uuid=gpu_uuid(NODE, 0), interval_s=0.05)
     try:
         wait_for(lambda: (m.info()["samples"] or 0) >= 3)
-        assert m.latest() is not None and m.latest().uuid == "GPU-node-a-0"  # type: ignore[union-attr]
+        assert m.latest() is not None and m.latest().uuid == gpu_uuid(NODE, 0)  # type: ignore[union-attr]
     finally:
         m.stop()
 
@@ -112,8 +105,8 @@ def test_discover_devices(spec: str) -> None:
     gpus, note = discover_devices(spec, NODE)
     assert note is None
     assert [(g.index, g.uuid, g.model) for g in gpus] == [
-        (0, "GPU-node-a-0", MODEL),
-        (1, "GPU-node-a-1", MODEL),
+        (0, gpu_uuid(NODE, 0), MODEL),
+        (1, gpu_uuid(NODE, 1), MODEL),
     ]
     assert discover_devices(spec, "node-z")[0] == []  # the recording does not mention it
     with pytest.raises(ValueError, match="unknown device source 'bogus'"):
@@ -158,7 +151,7 @@ def test_agent_exports_drains_and_marks_a_silent_monitor_down(spec: str) -> None
         agent.attach_gpus(
             gpus, {gpu_uuid(NODE, 0): cores[gpu_uuid(NODE, 0)], flaky.core.uuid: flaky}
         )
-        g1 = {"node": NODE, "gpu": "1", "uuid": "GPU-node-a-1", "model": MODEL}
+        g1 = {"node": NODE, "gpu": "1", "uuid": gpu_uuid(NODE, 1), "model": MODEL}
         wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 1)
         series = scrape(url)
         assert value(series, "auditor_gpu_utilization_ratio", **g1) == pytest.approx(0.6)
@@ -181,7 +174,7 @@ def test_agent_exports_drains_and_marks_a_silent_monitor_down(spec: str) -> None
         assert ts_down is not None
         assert value(down, "auditor_gpu_utilization_ratio", **g1) is None  # not read as idle
         assert value(down, "auditor_gpu_up", gpu="0") == 1
-        assert agent.gpus()["GPU-node-a-1"]["up"] is False
+        assert agent.gpus()[gpu_uuid(NODE, 1)]["up"] is False
 
         flaky.down.clear()
         wait_for(lambda: value(scrape(url), "auditor_gpu_up", **g1) == 1)
@@ -203,7 +196,7 @@ def test_in_process_agent_starts_monitors_for_its_node(spec: str, sink_dir: str)
         sample_interval_s=0.1,
     )
     try:
-        assert set(agent.monitors) == {"GPU-node-a-0", "GPU-node-a-1"}
+        assert set(agent.monitors) == {gpu_uuid(NODE, 0), gpu_uuid(NODE, 1)}
         wait_for(lambda: {d.uuid for d in agent.drain().devices} == set(agent.monitors))
     finally:
         agent.stop()

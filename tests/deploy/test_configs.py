@@ -11,17 +11,16 @@ from __future__ import annotations
 import fnmatch
 import json
 import shutil
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.helpers.waiting import wait_for
+from tests.helpers.tools import require_tool
+from tests.helpers.waiting import wait_quietly
+from tests.servers import Alertmanager
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -75,16 +74,6 @@ def _load(path: Path) -> Any:
 
 def _load_all(path: Path) -> list[Any]:
     return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(
-            f"{name} is not on PATH (Debian: apt-get install prometheus-alertmanager / "
-            "prometheus; tests/run.sh installs both)"
-        )
-    return path
 
 
 def _run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -143,7 +132,7 @@ def test_yaml_parses(path: Path) -> None:
 
 def test_promtool_check_config() -> None:
     """The config as shipped, with the rules file it names (promtool checks that too)."""
-    promtool = _tool("promtool")
+    promtool = require_tool("promtool")
     res = _run(promtool, "check", "config", str(PROM_CONFIG.relative_to(ROOT)))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
@@ -151,7 +140,7 @@ def test_promtool_check_config() -> None:
 
 def test_promtool_accepts_the_example_targets(tmp_path: Path) -> None:
     """The example file_sd JSON, placed where the auditor-nodes job looks, passes promtool."""
-    promtool = _tool("promtool")
+    promtool = require_tool("promtool")
     shutil.copy(PROM_CONFIG, tmp_path / "prometheus.yml")
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "auditor.rules.yml").write_text("groups: []\n", encoding="utf-8")
@@ -213,7 +202,7 @@ def test_serve_target_is_the_compose_service() -> None:
 
 
 def test_amtool_check_config() -> None:
-    amtool = _tool("amtool")
+    amtool = require_tool("amtool")
     res = _run(amtool, "check-config", str(AM_CONFIG.relative_to(ROOT)))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
@@ -227,7 +216,7 @@ def test_amtool_check_config() -> None:
     ],
 )
 def test_routes_by_severity(labels: list[str], receiver: str) -> None:
-    amtool = _tool("amtool")
+    amtool = require_tool("amtool")
     res = _run(
         amtool,
         "config",
@@ -257,52 +246,12 @@ def test_grouping_and_exporter_down_inhibition() -> None:
     assert inhibited == NODE_SCOPED_ALERTS
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http_json(url: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        text = resp.read().decode()
-    return json.loads(text) if text.strip() else None
-
-
 def test_a_real_alertmanager_routes_and_inhibits(tmp_path: Path) -> None:
     """The shipped config in a real Alertmanager: a node's ExporterDown suppresses that node's
     GPU alert only; serve's ExporterDown and the job-wide spread alert suppress nothing."""
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
-        pytest.skip(
-            "no Alertmanager binary on PATH (Debian: apt-get install prometheus-alertmanager)"
-        )
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={AM_CONFIG}",
-            f"--storage.path={tmp_path}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    am = Alertmanager(tmp_path, AM_CONFIG)
     try:
-
-        def ready() -> bool:
-            try:
-                urllib.request.urlopen(f"{base}/-/ready", timeout=2).close()
-                return True
-            except OSError:
-                assert proc.poll() is None, "alertmanager exited"
-                return False
-
-        wait_for(ready, timeout=30, what="alertmanager to be ready", every=0.2)
+        am.start(timeout=30)
         expected = {
             ("AuditorExporterDown", "auditor-nodes", "a"): ("active", ["pager"]),
             ("AuditorExporterDown", "auditor-serve", None): ("active", ["pager"]),
@@ -318,23 +267,27 @@ def test_a_real_alertmanager_routes_and_inhibits(tmp_path: Path) -> None:
             {"alertname": "AuditorIdleAllocatedGpu", "job": "train", "node": "b", **warn},
             {"alertname": "AuditorGpuUtilizationSpread", "job": "train", **warn},
         ]
-        _http_json(f"{base}/api/v2/alerts", [{"labels": labels} for labels in alerts])
+        am.post_alerts(alerts)
         # The inhibitor learns of new alerts asynchronously: poll until the states settle.
-        deadline = time.monotonic() + 15
-        while True:
-            got = {
-                (a["labels"]["alertname"], a["labels"]["job"], a["labels"].get("node")): (
-                    a["status"]["state"],
-                    [r["name"] for r in a["receivers"]],
-                )
-                for a in _http_json(f"{base}/api/v2/alerts")
-            }
-            if got == expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        got: dict[tuple[str, str, str | None], tuple[str, list[str]]] = {}
+
+        def settled() -> bool:
+            got.clear()
+            got.update(
+                {
+                    (a["labels"]["alertname"], a["labels"]["job"], a["labels"].get("node")): (
+                        a["status"]["state"],
+                        [r["name"] for r in a["receivers"]],
+                    )
+                    for a in am.alerts()
+                }
+            )
+            return got == expected
+
+        # Not settled in time: the assert below shows the states as they were.
+        wait_quietly(settled, timeout=15, every=0.2)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        am.stop()
     assert got == expected
 
 
@@ -381,27 +334,35 @@ def _compose() -> dict[str, Any]:
     return _load(COMPOSE_FILE)
 
 
+def _services() -> dict[str, Any]:
+    """The stack's services, the four of them: a check looping over none would check nothing."""
+    services: dict[str, Any] = _compose()["services"]
+    assert set(services) == COMPOSE_SERVICES
+    return services
+
+
 def test_compose_has_the_four_services() -> None:
     assert set(_compose()["services"]) == COMPOSE_SERVICES
 
 
 def test_compose_publishes_on_loopback_only() -> None:
     published = []
-    for name, service in _compose()["services"].items():
+    for name, service in _services().items():
         assert "network_mode" not in service, name
         for port in service.get("ports", []):
             assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
             assert port.count(":") == 2, (name, port)
             published.append(name)
-    assert published, "the stack publishes nothing to check"
+    assert sorted(published) == sorted(COMPOSE_SERVICES), "each service publishes one port"
 
 
 def test_compose_mounts_exist() -> None:
     compose = _compose()
     named = set(compose.get("volumes") or {})
-    mounts = [v for service in compose["services"].values() for v in service.get("volumes", [])]
+    services = _services()
+    mounts = [v for service in services.values() for v in service.get("volumes", [])]
     assert mounts, "the stack mounts nothing to check"
-    for name, service in compose["services"].items():
+    for name, service in services.items():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
             if source.startswith((".", "/")):
@@ -417,7 +378,7 @@ def test_compose_mounts_exist() -> None:
 
 
 def test_compose_images_are_pinned() -> None:
-    for name, service in _compose()["services"].items():
+    for name, service in _services().items():
         image = service["image"]
         tag = image.rsplit(":", 1)[1] if ":" in image else ""
         assert tag and tag != "latest", f"{name}: {image}"

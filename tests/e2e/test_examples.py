@@ -60,6 +60,7 @@ def test_balanced_job_gets_no_warning(ray_address: str, tmp_path: Path) -> None:
     assert [f for f in run.report["findings"] if f["severity"] in SEVERE] == []
     assert "balanced" in run.stderr
     ranks = run.report["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
     assert all(r["collective_wait_s"] is not None for r in ranks)
     assert all(r["batch_size"] == 32 for r in ranks)
     assert all(r["loader"]["num_workers"] == 1 for r in ranks)

@@ -13,6 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers.waiting import wait_quietly
+from tests.tmproot import ray_temp_dir
+
 from .conftest import REPO, base_env, run_auditor, torchrun
 
 pytestmark = pytest.mark.e2e
@@ -62,12 +65,10 @@ def _agents() -> int:
 
 
 def _wait_no_leftovers(since: float, *markers: str, timeout: float = 15) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = _leftovers(since, markers)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.5)
+    """What of the run is still there after waiting up to ``timeout`` s for it to go (empty:
+    nothing), for the caller's assert to name."""
+    wait_quietly(lambda: not _leftovers(since, markers), timeout, every=0.5)
+    return _leftovers(since, markers)
 
 
 def test_exit_code_and_output_pass_through_unchanged(tmp_path: Path, ray_address: str) -> None:
@@ -110,9 +111,10 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     the report is written and marked interrupted, and no rank, worker or Ray process remains."""
     report = tmp_path / "r.json"
     script = str(REPO / "examples" / "train_ddp.py")
+    ray_dir = ray_temp_dir()
     argv = [
         sys.executable, "-m", "auditor", "run", "--report", str(report), "--live-interval", "1",
-        "--ray-temp-dir", str(tmp_path / "ray"), "--",
+        "--ray-temp-dir", ray_dir, "--",
         *torchrun("train_ddp.py", "--seconds", "120", "--workers", "2"),
     ]  # fmt: skip
     started = time.time()
@@ -136,7 +138,8 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     data = json.loads(report.read_text())
     assert data["job"]["interrupted"] is True
     assert data["job"]["exit_code"] == code
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert all(r["steps"] > 0 for r in data["ranks"])
     _gone, alive = psutil.wait_procs(tree, timeout=15)
     assert alive == [], [p.pid for p in alive]
-    assert _wait_no_leftovers(started, script, str(tmp_path / "ray")) == []
+    assert _wait_no_leftovers(started, script, ray_dir) == []

@@ -4,21 +4,29 @@ under ``promtool check metrics``, bound to 127.0.0.1."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.metrics.catalog import BY_NAME
+from tests.helpers.tools import require_tool
+from tests.helpers.waiting import wait_for
 
 from .conftest import REPO, base_env, torchrun
 
 pytestmark = pytest.mark.e2e
+
+
+def _with_verdict(url: str) -> str | None:
+    """The endpoint's text once it carries the live data_starvation finding."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return text if "auditor_finding{" in text and 'kind="data_starvation"' in text else None
 
 
 def test_metrics_served_while_the_job_runs(ray_address: str, tmp_path: Path) -> None:
@@ -40,11 +48,12 @@ def test_metrics_served_while_the_job_runs(ray_address: str, tmp_path: Path) -> 
             if url:
                 # The live verdict reaches the agent's endpoint while the job trains (not on a
                 # terminal the live view prints a line only every 10 s): poll the endpoint.
-                while time.monotonic() < deadline:
-                    text = urllib.request.urlopen(url, timeout=5).read().decode()
-                    if "auditor_finding{" in text and 'kind="data_starvation"' in text:
-                        break
-                    time.sleep(0.5)
+                text = wait_for(
+                    partial(_with_verdict, url),
+                    max(1.0, deadline - time.monotonic()),
+                    what=f"the live data_starvation verdict at {url}",
+                    every=0.5,
+                )
                 break
             assert time.monotonic() < deadline
         assert url is not None and url.startswith("http://127.0.0.1:")
@@ -72,9 +81,7 @@ def test_metrics_served_while_the_job_runs(ray_address: str, tmp_path: Path) -> 
         s for s in families["auditor_finding"].samples if s.labels["kind"] == "data_starvation"
     ]
     assert finding and finding[0].labels["rank"] == "1"
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
+    promtool = require_tool("promtool")
     check = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True
     )

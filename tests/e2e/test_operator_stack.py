@@ -32,11 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from auditor.ops.alerts import ALERT_RULES, referenced_metrics
 from auditor.ops.grafana import queries, substitute
 from auditor.ops.recording import RECORDED
+from tests.helpers.scrape import scrape
+from tests.helpers.tools import require_tool
 from tests.helpers.waiting import wait_for_service
 from tests.servers import (
     Alertmanager,
     Prometheus,
-    binary,
     free_port,
     http_json,
     http_status,
@@ -62,6 +63,8 @@ class Stack:
     serve: subprocess.Popen[str]
     serve_log: Path
     run: subprocess.Popen[str]
+    # The live ``auditor run``'s own endpoint: its ranks and the verdict it judged.
+    run_url: str
     workdir: Path
     # A node endpoint that is listed but never answers: AuditorExporterDown must name it alone.
     dead_target: str
@@ -113,8 +116,8 @@ def _rules_without_waiting(workdir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> Iterator[Stack]:
-    binary("prometheus")
-    binary("prometheus-alertmanager", "alertmanager")
+    require_tool("prometheus")
+    require_tool("prometheus-alertmanager", "alertmanager")
     workdir = tmp_path_factory.mktemp("operator")
     am_config = workdir / "alertmanager.yml"
     am_config.write_text(
@@ -229,6 +232,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> Iterato
         serve=serve,
         serve_log=serve_log,
         run=run,
+        run_url=f"http://127.0.0.1:{run_port}/metrics",
         workdir=workdir,
         dead_target=f"127.0.0.1:{dead_port}",
     )
@@ -284,6 +288,28 @@ def test_serve_finds_the_starved_rank(stack: Stack) -> None:
         what="auditor_finding in Prometheus",
     )
     assert series[0]["metric"]["node"]
+
+
+def test_the_live_verdict_and_serve_agree_on_the_live_job(stack: Stack) -> None:
+    """The live path (the run's driver judging its samples, exporting what it judged) and the
+    operator path (serve judging Prometheus' window aggregates) give the same findings, kinds
+    and blamed ranks at warning and above, for the same running job."""
+
+    def live() -> dict[str, list[int]]:
+        found: dict[str, set[int]] = {}
+        for (name, labels), v in scrape(stack.run_url).items():
+            ls = dict(labels)
+            if name == "auditor_finding" and v == 1 and ls["severity"] != "info":
+                found.setdefault(ls["kind"], set()).add(int(ls["rank"]))
+        return {k: sorted(r) for k, r in found.items()}
+
+    def agree() -> dict[str, list[int]] | None:
+        job = _job(stack, STARVED)
+        want = live()
+        return want if job and want and _kinds(job) == want else None
+
+    got = wait_for_service(agree, timeout=120, what="the live verdict and serve's", every=2)
+    assert got["data_starvation"] == [1]
 
 
 def test_serve_judges_replayed_gpu_jobs_like_the_recording(stack: Stack) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.tools import require_tool
+
 from .conftest import REPO, Run, base_env, run_auditor, torchrun
 
 pytestmark = pytest.mark.e2e
@@ -143,10 +145,7 @@ def net_log_args(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.skip("chromium is not installed (tests/run.sh installs Debian's chromium package)")
-    return path
+    return require_tool("chromium", "chromium-browser")
 
 
 @pytest.fixture

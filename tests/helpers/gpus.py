@@ -13,6 +13,7 @@ tests replay through the ``recorded:`` device source as the monitors on those no
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,15 +23,17 @@ from auditor.samples import Batch, DeviceSample, GpuProcess
 from auditor.telemetry.recorded import write_recording
 
 from .jobs import JobBuilder
+from .units import GIB
 
-GIB = 1024**3
 H100_TOTAL = 85_520_809_984  # 81559 MiB, what NVML reports for an H100 80GB HBM3
 H200_TOTAL = 150_754_820_096  # 143771 MiB
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def uuid_of(index: int, node: str = "node0") -> str:
-    tag = sum(ord(c) for c in node) % 0xFFFF
+def gpu_uuid(node: str, index: int) -> str:
+    """The NVML-shaped UUID of GPU ``index`` on ``node``, the same every run (the node's name
+    sets the first group, the index the last)."""
+    tag = zlib.crc32(node.encode())
     return f"GPU-{tag:08x}-1111-2222-3333-{index:012x}"
 
 
@@ -85,7 +88,7 @@ def attach_gpus(
     owners = (
         [[i] if i < len(job.specs) else [] for i in range(len(gpus))] if owners is None else owners
     )
-    uuids = [uuid_of(i, node) for i in range(len(gpus))]
+    uuids = [gpu_uuid(node, i) for i in range(len(gpus))]
     infos = {info.rank: info for info in job.infos()}
     pid = {r: info.pid for r, info in infos.items()}
     if link == "uuid":
@@ -225,10 +228,6 @@ def batch_at(job_steps: Sequence[tuple[float, int]]) -> Callable[[float], int]:
 MODEL = "NVIDIA A100-SXM4-80GB"
 
 
-def gpu_uuid(node: str, index: int) -> str:
-    return f"GPU-{node}-{index}"
-
-
 def device_sample(node: str, index: int, t: float) -> DeviceSample:
     busy = 0.5 + 0.1 * index
     return DeviceSample(
@@ -239,8 +238,8 @@ def device_sample(node: str, index: int, t: float) -> DeviceSample:
         model=MODEL,
         gpu_util=busy,
         mem_util=busy / 2,
-        mem_used_bytes=(10 + index) * 2**30,
-        mem_total_bytes=80 * 2**30,
+        mem_used_bytes=(10 + index) * GIB,
+        mem_total_bytes=80 * GIB,
         sm_clock_mhz=1410.0,
         sm_clock_max_mhz=1410.0,
         mem_clock_mhz=1593.0,
@@ -253,7 +252,7 @@ def device_sample(node: str, index: int, t: float) -> DeviceSample:
         pcie_gen_max=4,
         pcie_width=16,
         pcie_width_max=16,
-        processes=(GpuProcess(pid=10_000 + index, used_bytes=2**30),),
+        processes=(GpuProcess(pid=10_000 + index, used_bytes=GIB),),
     )
 
 

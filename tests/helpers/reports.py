@@ -13,14 +13,15 @@ from auditor.samples import (
     Batch,
     DeviceSample,
     LoaderConfig,
+    MemoryBudget,
     NodeCpu,
     ProcessCpu,
     RankInfo,
     StepSample,
 )
 
-from .gpus import GIB
 from .jobs import JobBuilder, balanced, with_rank
+from .units import GIB, MIB
 
 HOST = "node-a.cluster.example"
 T0 = 1_700_000_000.0
@@ -178,3 +179,38 @@ def report_of(store: SampleStore, **kwargs: Any) -> dict[str, Any]:
     return final_report(
         store, command=["torchrun", "--nproc_per_node=2", "train.py"], duration_s=20.0, **kwargs
     )[2]
+
+
+def budget(rank: int, **kw: Any) -> MemoryBudget:
+    """A measured budget as the probe sends it: Adam over 100 MiB of float32 parameters on an
+    80 GiB GPU, activations 8 MiB per sample sampled at batch 32 (``kw`` overrides). Sent at
+    time 0: before any step of the stores here, so every snapshot of them holds it."""
+    base: dict[str, Any] = dict(
+        rank=rank,
+        time=0.0,
+        step=1,
+        device=f"cuda:{rank}",
+        param_count=10,
+        param_bytes=100 * MIB,
+        param_bytes_by_dtype={"float32": 100 * MIB},
+        grad_bytes=100 * MIB,
+        optimizer_bytes=200 * MIB,
+        optimizer_bytes_by_kind={"exp_avg": 100 * MIB, "exp_avg_sq": 100 * MIB},
+        optimizer="Adam",
+        buffer_bytes=2 * MIB,
+        activation_bytes=256 * MIB,
+        activation_batch=32,
+        activations_every=10,
+        device_total_bytes=80 * GIB,
+        host_total_bytes=256 * GIB,
+        host_available_bytes=200 * GIB,
+        local_ranks=2,
+    )
+    base.update(kw)
+    return MemoryBudget(**base)
+
+
+def with_budgets(store: SampleStore, *budgets: MemoryBudget) -> SampleStore:
+    """``store`` after its ranks sent ``budgets`` (as the node agents deliver them)."""
+    store.add(Batch(memory=tuple(budgets)))
+    return store

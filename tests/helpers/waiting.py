@@ -9,6 +9,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class WaitTimeout(AssertionError):
+    """:func:`wait_for` gave up: the condition did not hold within its timeout."""
+
+
 def wait_for(
     probe: Callable[[], T | None],
     timeout: float = 5.0,
@@ -35,7 +39,7 @@ def wait_for(
         if time.monotonic() >= deadline:
             name = what or getattr(probe, "__name__", repr(probe))
             error = f" (last error: {last})" if last is not None else ""
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {name}{error}")
+            raise WaitTimeout(f"timed out after {timeout:g} s waiting for {name}{error}")
         time.sleep(every)
 
 
@@ -44,3 +48,17 @@ def wait_for_service(
 ) -> T:
     """:func:`wait_for` a server or job that is still starting: its errors count as "not yet"."""
     return wait_for(probe, timeout, what=what, every=every, retry_on=(Exception,))
+
+
+def wait_quietly(
+    probe: Callable[[], T | None], timeout: float = 5.0, *, every: float = 0.02
+) -> T | None:
+    """:func:`wait_for` that does not fail when time is up: the probe's truthy value, or None.
+
+    For a caller whose own assert then shows what came instead (a diff of the states that never
+    settled, the processes still running), or where nothing may come at all.
+    """
+    try:
+        return wait_for(probe, timeout, every=every)
+    except WaitTimeout:
+        return None

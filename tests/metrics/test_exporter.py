@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -33,6 +32,7 @@ from auditor.samples import (
     RankInfo,
     StepSample,
 )
+from tests.helpers.tools import require_tool
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -362,9 +362,7 @@ def test_series_per_rank_within_budget(series: dict[Key, float]) -> None:
 
 
 def test_promtool_finds_no_problems(text: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
+    promtool = require_tool("promtool")
     proc = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -17,6 +16,7 @@ from auditor.metrics import catalog as C
 from auditor.metrics.exporter import make_registry
 from auditor.metrics.state import ExportState, GpuStatus, gpu_owner
 from auditor.samples import DeviceSample, GpuProcess, RankInfo
+from tests.helpers.tools import require_tool
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -236,9 +236,7 @@ def test_ended_rank_no_longer_owns_its_gpu() -> None:
 
 def test_gpus_sorted_by_index_and_promtool_clean() -> None:
     text = render([status(BARE, index=1), status(FULL)], {0: RANK0})
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
+    promtool = require_tool("promtool")
     proc = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )

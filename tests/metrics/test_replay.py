@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from auditor.metrics.replay import (
 from auditor.metrics.state import ExportState, apply_batch
 from auditor.samples import Batch, DeviceSample, NodeCpu, ProcessCpu, RankInfo, StepSample
 from auditor.telemetry.recorded import Recording, read_recording
+from tests.helpers.tools import require_tool
 from tests.helpers.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,6 +165,7 @@ def test_samples_grouped_into_ticks_never_before_their_time() -> None:
 def test_real_recording_ticks_hold_every_sample_once() -> None:
     batch = read_recording(IDLE).batch
     ticks = make_ticks(batch)
+    assert batch.steps and batch.devices and len(ticks) > 1, "nothing to check in the recording"
     assert sum(len(t.batch.steps) for t in ticks) == len(batch.steps)
     assert sum(len(t.batch.devices) for t in ticks) == len(batch.devices)
     for prev, tick in itertools.pairwise(ticks):
@@ -248,7 +249,7 @@ def test_scraped_counters_monotonic_and_last_step_advancing_across_loops() -> No
         seen = [s[key] for s in scrapes if key in s]
         assert seen == sorted(seen), key
     last = [values(s, "auditor_rank_last_step_timestamp_seconds", rank="0")[0] for s in scrapes]
-    assert all(a < b for a, b in itertools.pairwise(last))
+    assert len(last) > 1 and all(a < b for a, b in itertools.pairwise(last))
 
 
 def test_lost_gpu_stays_lost_in_later_passes() -> None:
@@ -439,9 +440,7 @@ def test_served_replay_scraped_over_http(tmp_path: Path) -> None:
     assert abs(ts - time.time()) < 60
     assert ts not in {s.time for s in read_recording(IDLE).batch.steps}
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
+    promtool = require_tool("promtool")
     check = subprocess.run(
         [promtool, "check", "metrics"], input=first, capture_output=True, text=True, timeout=60
     )

@@ -3,7 +3,6 @@ and every alert has a case where it fires and one where it must not."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,19 +13,13 @@ import yaml
 from auditor.metrics import catalog as C
 from auditor.ops import alerts as A
 from auditor.ops import recording as R
+from tests.helpers.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / A.RULES_PATH
 TESTS_DIR = ROOT / "deploy" / "prometheus" / "tests"
 TEST_FILES = sorted(TESTS_DIR.glob("*.yml"))
 KNOWN = set(C.BY_NAME) | set(R.RECORDED)
-
-
-def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not on PATH (Debian: apt-get install prometheus; CI has it)")
-    return path
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
@@ -105,6 +98,7 @@ def test_alert_names_only_catalog_or_recorded_metrics(alert: A.AlertRule) -> Non
 
 
 def test_recording_rules_name_only_catalog_or_earlier_recorded_metrics() -> None:
+    assert R.RECORDING_RULES, "no recording rules to check"
     seen: set[str] = set()
     for rule in R.RECORDING_RULES:
         names = A.referenced_metrics(rule.expr)
@@ -149,13 +143,13 @@ def test_referenced_metrics(expr: str, names: set[str]) -> None:
 
 
 def test_promtool_check_rules() -> None:
-    proc = _run(_promtool(), "check", "rules", A.RULES_PATH)
+    proc = _run(require_tool("promtool"), "check", "rules", A.RULES_PATH)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
 def test_promtool_unit_tests(path: Path) -> None:
-    proc = _run(_promtool(), "test", "rules", str(path.relative_to(ROOT)))
+    proc = _run(require_tool("promtool"), "test", "rules", str(path.relative_to(ROOT)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from auditor.ops.grafana import (
     variable_selectors,
 )
 from auditor.samples import PHASES
+from tests.helpers.tools import require_tool
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 VARIABLES = {"datasource", "job", "node", "rank", "serve_url"}
@@ -444,13 +444,6 @@ VALUE_SETS: list[dict[str, str | list[str]]] = [
 ]
 
 
-def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not installed (tests/run.sh installs it)")
-    return path
-
-
 def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
     """promtool parses every query (and every variable's selector) after substitution."""
     counter = itertools.count()
@@ -460,10 +453,14 @@ def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
         for (_, expr), values in itertools.product(pairs, VALUE_SETS):
             rules.append({"record": f"check:q{next(counter)}", "expr": substitute(expr, values)})
             assert "$" not in rules[-1]["expr"], (uid, expr)
+    assert rules, "no query to parse"
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}))
     proc = subprocess.run(
-        [_promtool(), "check", "rules", str(path)], capture_output=True, text=True, check=False
+        [require_tool("promtool"), "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -539,7 +536,10 @@ def test_breakdown_queries_evaluate_as_intended(tmp_path: Path) -> None:
     path = tmp_path / "breakdown.test.yml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     proc = subprocess.run(
-        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, check=False
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -600,7 +600,10 @@ def test_findings_table_queries_join_on_job_kind_rank(tmp_path: Path) -> None:
     path = tmp_path / "findings.test.yml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     proc = subprocess.run(
-        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, check=False
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -677,6 +680,9 @@ def test_every_query_returns_data_on_a_complete_cluster(tmp_path: Path) -> None:
     path = tmp_path / "complete.test.yml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     proc = subprocess.run(
-        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, check=False
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]

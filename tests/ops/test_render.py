@@ -86,8 +86,7 @@ def test_provisioning_paths_match_the_compose_stack() -> None:
     """deploy/compose mounts dashboards/ where the provider looks and names Prometheus as the
     data source URL does."""
     compose_file = REPO / "deploy/compose/docker-compose.yml"
-    if not compose_file.is_file():
-        pytest.skip("no compose stack in this checkout")
+    assert compose_file.is_file(), f"{compose_file} is part of the repository"
     compose = yaml.safe_load(compose_file.read_text())
     mounts = compose["services"]["grafana"]["volumes"]
     targets = {m.split(":")[1] for m in mounts if m.split(":")[0] == "../../dashboards"}

@@ -13,47 +13,7 @@ import time
 import pytest
 
 from auditor.probe.clock import CpuTimer, StepClock
-
-
-class Clock:
-    """Host time the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def at(self, t: float) -> None:
-        assert t >= self.t
-        self.t = t
-
-
-class DeviceTimer:
-    """Like CUDA events: a mark takes the (fake) time when recorded, but can be read only once
-    the device has passed it; reading one early is an error, as a blocking read would be."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.times: list[float] = []
-        self.passed = -1  # index of the last mark the device completed
-
-    def mark(self) -> int:
-        self.times.append(self.clock.t)
-        return len(self.times) - 1
-
-    def ready(self, mark: int) -> bool:
-        return mark <= self.passed
-
-    def elapsed(self, start: int, end: int) -> float:
-        assert self.ready(end), "elapsed() read a mark the device has not reached"
-        return self.times[end] - self.times[start]
-
-    def release(self, marks: object) -> None:
-        pass
-
-    def complete_all(self) -> None:
-        self.passed = len(self.times) - 1
+from tests.helpers.clocks import Clock, DeviceTimer
 
 
 def make(timer: str = "device", **kw: object) -> tuple[StepClock, Clock, DeviceTimer | None]:

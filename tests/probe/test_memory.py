@@ -145,6 +145,7 @@ def test_report_and_rules_carry_the_budget(jobs: dict[str, JobResult]) -> None:
     report = build_report(
         command=["train"], exit_code=0, duration_s=1.0, snapshot=snap, findings=findings
     )
+    assert [entry["rank"] for entry in report["ranks"]] == [0, 1]
     for entry in report["ranks"]:
         b = entry["memory"]["budget"]
         assert b["param_bytes"] == P and b["grad_bytes"] == P and b["optimizer_bytes"] == 0

@@ -17,8 +17,7 @@ import pytest
 from auditor.probe.clock import CpuTimer, StepClock
 from auditor.samples import StepSample
 from auditor.telemetry.recorded import SCHEMA, read_recording, write_recording
-
-from .test_clock import Clock, DeviceTimer
+from tests.helpers.clocks import Clock, DeviceTimer
 
 MS = 1e-3
 

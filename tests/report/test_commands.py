@@ -37,15 +37,16 @@ def record(path: Path, specs: list[Any], steps: int = 60) -> tuple[Path, dict[st
     return path, live
 
 
-def cli(*argv: str) -> tuple[int, str, str]:
-    """The commands through an argparse parser like the CLI's."""
+def cli(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The commands through an argparse parser like the CLI's; ``env`` the AUDITOR_* twins
+    (none unless given, whatever this process's environment holds)."""
     parser = argparse.ArgumentParser(prog="auditor")
     sub = parser.add_subparsers(dest="cmd")
     sub.add_parser("run")
     add_subcommands(sub)
     ns = parser.parse_args(list(argv))
     out, err = io.StringIO(), io.StringIO()
-    code = dispatch(ns, out=out, err=err)
+    code = dispatch(ns, out=out, err=err, env=env or {})
     assert code is not None
     return code, out.getvalue(), err.getvalue()
 
@@ -139,6 +140,7 @@ def test_analyze_thresholds_and_window(tmp_path: Path) -> None:
     assert "data_starvation" not in [f["kind"] for f in json.loads(out)["findings"]]
     code, out, _ = cli("analyze", str(path), "--json", "--window", "3")
     report = json.loads(out)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert all(r["steps"] == 60 for r in report["ranks"])
     assert all(r["window_steps"] < 60 for r in report["ranks"])
     assert "findings judge the last 3 s of the recording" in report["notes"]
@@ -178,6 +180,21 @@ def test_report_writes_html_from_a_recording_or_a_report(tmp_path: Path) -> None
 
     code, out, err = cli("analyze", str(path), "--html", str(tmp_path / "a" / "b.html"))
     assert code == 0 and (tmp_path / "a" / "b.html").exists()
+
+
+def test_options_come_from_their_environment_twins(tmp_path: Path) -> None:
+    path, live = record(tmp_path / "run.jsonl", STARVED)
+    page = tmp_path / "page.html"
+    code, out, err = cli("report", str(path))
+    assert code == 2 and out == ""
+    assert err.strip() == "auditor: error: --html is required: where to write the HTML report"
+    code, out, _ = cli("report", str(path), env={"AUDITOR_HTML": str(page), "AUDITOR_JSON": "1"})
+    assert code == 0 and page.is_file()
+    assert json.loads(out)["findings"] == live["findings"]
+    code, _, err = cli("analyze", str(path), env={"AUDITOR_WINDOW": "0"})
+    assert code == 2 and err.strip() == "auditor: error: AUDITOR_WINDOW: must be positive: 0"
+    code, out, _ = cli("compare", str(path), str(path), env={"AUDITOR_JSON": "yes"})
+    assert code == 0 and json.loads(out)["speedup"]["measured"] == pytest.approx(1.0)
 
 
 def test_compare_recordings_and_reports(tmp_path: Path) -> None:

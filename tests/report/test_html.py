@@ -11,20 +11,26 @@ from typing import Any
 
 import pytest
 
-from auditor.analysis import SampleStore
+from auditor.analysis import SampleStore, analyze
 from auditor.report.html import (
     BREAKDOWN,
     MAX_POINTS,
     breakdown_ms,
+    budget_limit,
     fixes_by_rank,
+    memory_figure,
+    memory_parts,
     render_html,
     write_html,
     write_html_for_run,
 )
 from auditor.report.json_report import build_report
 from auditor.report.terminal import render_verdict
+from auditor.samples import MemoryBudget
+from auditor.telemetry.recorded import read_recording
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced
-from tests.helpers.reports import report_of, starved_store
+from tests.helpers.reports import budget, report_of, starved_store, with_budgets
+from tests.helpers.units import GIB, MIB
 
 
 class _Refs(HTMLParser):
@@ -261,3 +267,113 @@ def test_each_rank_fix_is_listed_once_with_every_finding_it_answers() -> None:
             ],
         )
     ]
+
+
+def test_what_to_change_gives_a_shared_fix_once_per_rank() -> None:
+    # The recorded throttled GPU: hardware_straggler and utilization_imbalance both answer
+    # rank 2 with one fix.
+    rec = read_recording(Path(__file__).resolve().parents[1] / "data/throttled_gpu/recording.jsonl")
+    store = SampleStore(job=rec.job)
+    store.add(rec.batch)
+    snap = store.snapshot(store.latest_time() or 0.0, None)
+    report = build_report(
+        command=["torchrun", "train.py"],
+        exit_code=0,
+        duration_s=30.0,
+        snapshot=snap,
+        findings=analyze(snap),
+    )
+    fix = report["findings"][0]["fixes"]["2"]
+    assert sorted(f["kind"] for f in report["findings"] if f["fixes"].get("2") == fix) == [
+        "hardware_straggler",
+        "utilization_imbalance",
+    ]
+    page = render_html(report, series=None)
+    start = page.index('id="fixes"')
+    fix_list = page[start : page.index("</ul>", start)]
+    assert fix_list.count("<li") == 1
+    assert fix_list.count(html.escape(fix)) == 1
+    assert (
+        "hardware_straggler, warning" in fix_list and "utilization_imbalance, warning" in fix_list
+    )
+    # The evidence section gives the fix under the first finding, and points there after.
+    evidence = page[page.index('id="findings"') : page.index('id="ranks"')]
+    assert evidence.count(html.escape(fix)) == 1
+    assert "(answers hardware_straggler, utilization_imbalance)" in evidence
+    assert "the fix given under hardware_straggler, above" in evidence
+    # So does the terminal verdict embedded in the page.
+    verdict = render_verdict(report)
+    assert " ".join(verdict.split()).count(fix) == 1
+
+
+def _budget_page(*budgets: MemoryBudget) -> tuple[dict[str, Any], str]:
+    report = report_of(with_budgets(starved_store(), *budgets))
+    return report, render_html(report, series=None)
+
+
+def test_memory_bar_beside_the_breakdown_when_budgets_exist() -> None:
+    report, page = _budget_page(budget(0), budget(1, other_module_bytes=100 * MIB))
+    figs = figures_of(page)
+    assert set(figs) == {"plot-breakdown", "plot-memory-budget"}
+    assert 'data-expected="2"' in page
+    # One row: the step breakdown, then the memory bar, in one side-by-side block.
+    pair = page[page.index('<div class="pair">') :]
+    pair = pair[: pair.index("</div></section></div>")]
+    assert pair.index('id="section-breakdown"') < pair.index('id="section-memory-budget"')
+    bars = {t["name"]: t for t in figs["plot-memory-budget"]["data"] if t["type"] == "bar"}
+    assert list(bars) == [
+        "parameters",
+        "gradients",
+        "optimizer state",
+        "buffers",
+        "other modules",
+        "activations",
+    ]
+    assert all(t["x"] == ["rank 0", "rank 1"] for t in bars.values())
+    gib = float(GIB)
+    assert bars["parameters"]["y"] == [pytest.approx(100 * MIB / gib, abs=1e-4)] * 2
+    assert bars["optimizer state"]["y"] == [pytest.approx(200 * MIB / gib, abs=1e-4)] * 2
+    assert bars["other modules"]["y"] == [0.0, pytest.approx(100 * MIB / gib, abs=1e-4)]
+    # Activations at the rank's batch: 8 MiB a sample x 32.
+    assert [r["batch_size"] for r in report["ranks"]] == [32, 32]
+    assert bars["activations"]["y"] == [pytest.approx(256 * MIB / gib, abs=1e-4)] * 2
+    assert figs["plot-memory-budget"]["layout"]["barmode"] == "stack"
+    # The limit: listed, hidden while the bars are slivers of it; each bar's total names it.
+    traces = {t["name"]: t for t in figs["plot-memory-budget"]["data"]}
+    limit = traces["limit per rank (device total)"]
+    assert limit["y"] == [80.0, 80.0] and limit["visible"] == "legendonly"
+    assert traces["total"]["text"] == [
+        "658.0 MiB of 80.0 GiB (1%)",
+        "758.0 MiB of 80.0 GiB (1%)",
+    ]
+
+
+def test_memory_limit_drawn_when_near_and_host_share_on_cpu() -> None:
+    full = budget(0, device_total_bytes=900 * MIB)  # 658 MiB of 900 MiB: the limit is drawn
+    fig = memory_figure([{"rank": 0, "batch_size": 32, "memory": {"budget": _report_budget(full)}}])
+    assert fig is not None
+    limit = next(t for t in fig.data if t.name.startswith("limit"))
+    assert limit.visible is True
+    # Under a GiB everywhere: the axis reads in MiB.
+    assert fig.layout.yaxis.title.text == "MiB" and limit.y == (900.0,)
+    total = next(t for t in fig.data if t.name == "total")
+    assert total.text == ("658.0 MiB of 900.0 MiB (73%)",)
+    cpu = _report_budget(budget(0, device_total_bytes=None, host_available_bytes=8 * GIB))
+    assert budget_limit(cpu) == (4 * GIB, "the host's available memory / its ranks")
+    assert budget_limit({"host_available_bytes": None}) == (None, "not measured")
+    # Activations without a batch from the report: the sampled forward's own.
+    assert memory_parts({"batch_size": None}, cpu)["activations"] == 256 * MIB
+
+
+def test_no_memory_chart_without_budgets(page: str) -> None:
+    assert "plot-memory-budget" not in page and '<div class="pair">' not in page
+    assert memory_figure([{"rank": 0, "memory": {"budget": None}}, {"rank": 1}]) is None
+
+
+def _report_budget(b: MemoryBudget) -> dict[str, Any]:
+    """``b`` as the JSON report carries it (``memory.budget``)."""
+    store = with_budgets(starved_store(steps=10), b)
+    ranks = report_of(store)["ranks"]
+    entry = next(r for r in ranks if r["rank"] == b.rank)["memory"]["budget"]
+    assert isinstance(entry, dict)
+    return entry

@@ -19,6 +19,7 @@ from auditor.report.json_report import (
     load_report,
     write_report,
 )
+from auditor.samples import OFF_THREAD_COLLECTIVES, Batch, RankInfo, StepSample
 from tests.helpers.reports import HOST, T0, make_store, snapshot_of, starved_report
 
 
@@ -104,6 +105,7 @@ def test_missing_values_are_null_not_zero() -> None:
         snapshot=snap,
         findings=analyze(snap),
     )
+    assert [entry["rank"] for entry in report["ranks"]] == [0, 1]
     for entry in report["ranks"]:
         assert entry["collective_wait_s"] is None
         assert entry["main_cpu"] is None
@@ -111,6 +113,69 @@ def test_missing_values_are_null_not_zero() -> None:
         assert entry["workers"] is None
         assert entry["unmeasured"] == ["collective_wait"]
     assert report["job"]["exit_code"] is None
+    json.dumps(report, allow_nan=False)
+
+
+def _ops_store() -> SampleStore:
+    """Two ranks: rank 0 names its collectives (an all_gather_object in 7 steps of 10), rank 1
+    is an older probe that names none and also called collectives off its training thread."""
+    store = SampleStore("ops-job")
+    store.add(
+        Batch(
+            infos=(
+                RankInfo(rank=0, world_size=2, host=HOST, job="ops-job"),
+                RankInfo(
+                    rank=1,
+                    world_size=2,
+                    host=HOST,
+                    job="ops-job",
+                    unmeasured=(OFF_THREAD_COLLECTIVES,),
+                    off_thread_collectives=7,
+                ),
+            )
+        )
+    )
+    for i in range(10):
+        gather = 0.010 if i >= 3 else 0.0
+        ops = {"ddp_allreduce": 0.040, **({"all_gather_object": gather} if gather else {})}
+        rows = (
+            StepSample(
+                rank=0,
+                step=i,
+                time=T0 + 0.1 * (i + 1),
+                step_s=0.1,
+                forward_s=0.02,
+                collective_wait_s=sum(ops.values()),
+                collective_ops=ops,
+            ),
+            StepSample(
+                rank=1,
+                step=i,
+                time=T0 + 0.1 * (i + 1),
+                step_s=0.1,
+                forward_s=0.06,
+                collective_wait_s=0.001,
+            ),
+        )
+        store.add(Batch(steps=rows))
+    return store
+
+
+def test_collective_wait_by_operation_and_off_thread_collectives_per_rank() -> None:
+    snap = snapshot_of(_ops_store())
+    report = build_report(
+        command=["python", "train.py"], exit_code=0, duration_s=1.0, snapshot=snap, findings=[]
+    )
+    r0, r1 = report["ranks"]
+    # Each op's median wait per step (a step without the op counts 0 there), in seconds.
+    assert r0["collective_ops"] == {
+        "all_gather_object": pytest.approx(0.010),
+        "ddp_allreduce": pytest.approx(0.040),
+    }
+    assert r0["unmeasured"] == [] and r0["off_thread_collectives"] == 0
+    assert r1["collective_ops"] is None  # named none: not measured, not {}
+    assert r1["unmeasured"] == ["collectives off the training thread"]
+    assert r1["off_thread_collectives"] == 7
     json.dumps(report, allow_nan=False)
 
 

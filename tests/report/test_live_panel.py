@@ -11,8 +11,9 @@ from rich.console import Console
 from auditor.analysis import analyze
 from auditor.analysis.snapshot import Snapshot
 from auditor.liveview import StatusView, panel_text
-from auditor.report.live import LiveState, expected_ranks, status_line
+from auditor.report.live import LiveState, status_line
 from auditor.samples import Batch, RankInfo
+from auditor.torchrun import expected_ranks
 from tests.helpers.jobs import JobBuilder, RankSpec
 
 STARVED = 37
@@ -178,6 +179,12 @@ def test_expected_ranks_from_torchrun() -> None:
     assert expected_ranks(["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "t.py"]) == 8
     assert expected_ranks(["torchrun", "--nnodes=1:4", "t.py"]) is None
     assert expected_ranks(["python", "t.py"]) is None
+    # A flag that takes no value never swallows the next option.
+    assert expected_ranks(["torchrun", "--standalone", "--nproc_per_node=2", "t.py"]) == 2
+    assert (
+        expected_ranks(["python", "-m", "torch.distributed.run", "--nproc-per-node", "3", "t.py"])
+        == 3
+    )
 
 
 def test_rank_info_only_ranks_show_pending_rows() -> None:

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.report.json_report import build_report
 from auditor.report.terminal import render_live, render_verdict, wrap
-from auditor.samples import Batch
-from tests.helpers.reports import T0, make_store, snapshot_of, starved_report
+from auditor.samples import Batch, MemoryBudget
+from tests.helpers.reports import (
+    T0,
+    budget,
+    final_report,
+    make_store,
+    snapshot_of,
+    starved_report,
+    with_budgets,
+)
+from tests.helpers.units import MIB
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CELLS = re.compile(r"\s{2,}")  # table cells: two spaces or more between them
 
 
 def _row(text: str, rank: int) -> str:
@@ -145,6 +156,112 @@ def test_verdict_color_only_when_asked() -> None:
     colored = render_verdict(report, color=True)
     assert "\x1b[" in colored
     assert ANSI.sub("", colored) == plain
+
+
+def _fixes_report(fix: str) -> dict[str, Any]:
+    _, _, report = starved_report()
+    report["findings"] = [
+        {"kind": "hardware_straggler", "severity": "warning", "ranks": [1], "fixes": {"1": fix}},
+        {
+            "kind": "utilization_imbalance",
+            "severity": "warning",
+            "ranks": [1],
+            "cause": "hardware_straggler",
+            "fixes": {"1": fix},
+        },
+        {"kind": "memory_headroom", "severity": "info", "ranks": [1], "fixes": {"1": "batch 64"}},
+    ]
+    return report
+
+
+def test_verdict_gives_each_rank_fix_once_with_the_findings_it_answers() -> None:
+    fix = "check the cooling of GPU 1; expect about 1.4x"
+    text = render_verdict(_fixes_report(fix))
+    flat = " ".join(text.split())
+    assert flat.count(fix) == 1
+    assert f"rank 1: {fix} (answers hardware_straggler, utilization_imbalance)" in flat
+    # The second finding points at the first one's fix instead of repeating it.
+    second = text[text.index("utilization_imbalance (warning)") :]
+    assert "rank 1: the fix given under hardware_straggler above" in " ".join(second.split())
+    # A fix that answers one finding only is printed as it is.
+    assert "rank 1: batch 64" in flat and "batch 64 (answers" not in flat
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def _budget_report(*budgets: MemoryBudget, starved: bool = False) -> dict[str, Any]:
+    store = with_budgets(make_store(starved=starved), *budgets)
+    return final_report(store, command=["torchrun", "train.py"], duration_s=5.0)[2]
+
+
+def _memory_block(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index("Memory per rank (measured):")
+    end = next((i for i in range(start, len(lines)) if not lines[i]), len(lines))
+    return lines[start + 1 : end]
+
+
+def test_verdict_shows_the_measured_memory_budget_per_rank() -> None:
+    report = _budget_report(
+        budget(0),
+        budget(1, other_module_bytes=100 * MIB, activation_bytes=None, activation_batch=None),
+    )
+    text = render_verdict(report)
+    assert all(len(line) <= 80 for line in text.splitlines())
+    block = _memory_block(text)
+    cells = [CELLS.split(line.strip()) for line in block[:3]]
+    assert cells[0] == ["rank", "params", "grads", "optimizer", "buffers", "act/sample", "act/step"]
+    assert cells[1] == [
+        "0",
+        "100.0 MiB",
+        "100.0 MiB",
+        "200.0 MiB",
+        "2.0 MiB",
+        "8.0 MiB",
+        "256.0 MiB",
+    ]
+    # Rank 1 has not sampled a forward yet: its activations are not measured ('-', never 0).
+    assert cells[2][-2:] == ["-", "-"]
+    notes = " ".join(" ".join(block[3:]).split())
+    assert "act/step: what one sampled forward saved for backward (rank 0: batch 32)." in notes
+    assert "Modules outside the model (EMA or eval copies): rank 1: 100.0 MiB." in notes
+    assert "Limit per rank: device total 80.0 GiB." in notes
+    # It comes after the timing table.
+    assert text.index("Per rank (medians per step):") < text.index("Memory per rank")
+
+
+def test_verdict_memory_limit_on_a_cpu_job_is_the_host_share() -> None:
+    cpu = {"device": "cpu", "device_total_bytes": None}
+    report = _budget_report(
+        budget(0, **cpu), budget(1, **cpu, host_available_bytes=None), starved=False
+    )
+    notes = " ".join(" ".join(_memory_block(render_verdict(report))).split())
+    assert "act/step: what one sampled forward saved for backward at batch 32." in notes
+    assert (
+        "Limit per rank: rank 0: host memory available 100.0 GiB (200.0 GiB shared by 2 "
+        "ranks); rank 1: not measured." in notes
+    )
+
+
+def test_verdict_memory_table_fits_80_columns_at_its_widest() -> None:
+    wide = 1023.9 * MIB  # the widest figure fmt_bytes writes: "1023.9 MiB"
+    fields = ("param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes")
+    report = _budget_report(
+        *(
+            budget(r, **dict.fromkeys(fields, int(wide)), activation_bytes=int(wide) * 32)
+            for r in (0, 1)
+        )
+    )
+    block = _memory_block(render_verdict(report))
+    assert max(len(line) for line in block) <= 80
+    assert block[1].count("1023.9 MiB") == 5 and "..." not in block[1]
+
+
+def test_verdict_without_budgets_has_no_memory_block() -> None:
+    _, _, report = starved_report()
+    assert "Memory per rank" not in render_verdict(report)
+    # A rank that sent no budget beside one that did prints '-' throughout.
+    text = render_verdict(_budget_report(budget(1)))
+    assert _memory_block(text)[1].split() == ["0", *["-"] * 6]
 
 
 def test_wrap_keeps_width_for_unbreakable_words() -> None:

@@ -7,7 +7,6 @@ Published after each evaluation; every request goes over a real socket.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import urllib.error
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from auditor.analysis.findings import Finding
 from auditor.service.http import ENDPOINTS, ServiceServer
 from auditor.service.service import Health, JobResult, Published
+from tests.helpers.tools import require_tool
 
 T0 = 1_800_000_000.0
 STALE_AFTER_S = 120.0
@@ -230,9 +230,7 @@ def test_metrics_follow_the_latest_published_state(service: Service) -> None:
 
 
 def test_metrics_pass_promtool(service: Service) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed")
+    promtool = require_tool("promtool")
     proc = subprocess.run(
         [promtool, "check", "metrics"],
         input=metrics_text(service),

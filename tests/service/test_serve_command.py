@@ -24,8 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.cli import main
-
-from .test_service import KEY_OF, job_answers, vector
+from tests.helpers.prometheus import KEY_OF, job_answers, vector
 
 
 def closed_url() -> str:

@@ -5,9 +5,10 @@ to its key in :func:`queries` and answers with the JSON Prometheus would send fo
 :class:`Series` (or fails like an unreachable server). The clock is injected, so outages,
 backoff and staleness are driven by hand; nothing sleeps.
 
-The job: 2 ranks over a 60 s window, 0.25 s steps. Rank 1 is data-starved (0.15 s of each step
-waiting for its batch, 5 ms at the all-reduce); rank 0 is fed and waits 0.15 s for rank 1 at the
-all-reduce. No GPU series: the rules under test here read the ranks.
+The job (:func:`tests.helpers.prometheus.job_answers`): 2 ranks over a 60 s window, 0.25 s steps.
+Rank 1 is data-starved (0.15 s of each step waiting for its batch, 5 ms at the all-reduce); rank 0
+is fed and waits 0.15 s for rank 1 at the all-reduce. No GPU series: the rules under test here
+read the ranks.
 """
 
 from __future__ import annotations
@@ -15,20 +16,18 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import math
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from auditor.config import parse_overrides
-from auditor.metrics.query import PrometheusClient, Series
-from auditor.service.promsnapshot import build_snapshots, queries
+from auditor.metrics.query import PrometheusClient
+from auditor.service.promsnapshot import build_snapshots
 from auditor.service.service import (
     AuditService,
     JobResult,
@@ -37,118 +36,23 @@ from auditor.service.service import (
     backoff_s,
     imbalance_ratio,
 )
+from tests.helpers.clocks import Clock
+from tests.helpers.prometheus import (
+    FIRST_KEY,
+    KEY_OF,
+    NODES,
+    QUERIES,
+    WINDOW_S,
+    Answers,
+    job_answers,
+    merged,
+    vector,
+)
 
 URL = "http://prom.test:9090"
-WINDOW_S = 60.0
 STALE_AFTER_S = 30.0
 MAX_BACKOFF_S = 4.0
 T0 = 1_800_000_000.0
-QUERIES = queries(WINDOW_S)
-KEY_OF = {expr: key for key, expr in QUERIES.items()}
-FIRST_KEY = next(iter(QUERIES))  # each evaluation asks this first
-
-STEP_S = 0.25
-STEPS = WINDOW_S / STEP_S  # 240 steps in the window
-NODES = {0: "node-a", 1: "node-b"}
-
-Answers = dict[str, list[Series]]
-
-
-def job_answers(
-    job: str,
-    now: float,
-    *,
-    up: tuple[float, float] = (1.0, 1.0),
-    seen_age_s: float = 5.0,
-    starved: int = 1,
-) -> Answers:
-    """What Prometheus answers :func:`queries` with for the 2-rank job at ``now``."""
-    out: Answers = {key: [] for key in QUERIES}
-
-    def put(key: str, labels: dict[str, str], value: float) -> None:
-        out[key].append(Series(labels, ((now, value),)))
-
-    for rank in (0, 1):
-        node = NODES[rank]
-        base = {"job": job, "node": node, "rank": str(rank), "local_rank": "0"}
-        key = {"job": job, "rank": str(rank)}
-        is_starved = rank == starved
-        wait = 0.005 if is_starved else 0.15  # at the all-reduce
-        phases = {
-            "data_wait": 0.15 if is_starved else 0.002,
-            "h2d": 0.004,
-            "forward": 0.03,
-            "backward": 0.05,  # exclusive: the wait is its own phase
-            "optimizer": 0.006,
-            "collective_wait": wait,
-        }
-        put(
-            "rank_info",
-            {**base, "device": "cuda:0", "parallel_mode": "ddp", "world_size": "2"},
-            1.0,
-        )
-        put(
-            "loader_info",
-            {
-                **base,
-                "pin_memory": "true",
-                "persistent_workers": "true",
-                "prefetch_factor": "2",
-                "batch_size": "32",
-            },
-            1.0,
-        )
-        put("config_workers", key, 1.0)
-        put("rank_up", key, up[rank])
-        put("rank_seen", key, now - seen_age_s)
-        put("steps", key, STEPS)
-        put("step_seconds", key, STEPS * STEP_S)
-        for phase, seconds in phases.items():
-            put("phase_seconds", {**key, "phase": phase}, STEPS * seconds)
-        put("samples", key, STEPS * 32)
-        put("steps_total", key, 1000 + STEPS)
-        for memory, value in (("rss", 6e9), ("allocated", 20e9), ("reserved", 24e9)):
-            put("memory", {**key, "memory": memory}, value)
-        put("cpu", {**key, "process": "main"}, 1.0)
-        put("cpu", {**key, "process": "workers"}, 0.95 if is_starved else 0.4)
-        put("workers", key, 1.0)
-    for node in NODES.values():
-        labels = {"job": job, "node": node}
-        put("node_cores", labels, 32.0)
-        put("node_busy", labels, 4.0)
-        put("node_load", labels, 3.5)
-        put("node_samples", labels, 12.0)
-    return out
-
-
-def merged(*parts: Answers) -> Answers:
-    out: Answers = {key: [] for key in QUERIES}
-    for part in parts:
-        for key, series in part.items():
-            out[key].extend(series)
-    return out
-
-
-def _value_text(value: float) -> str:
-    """Prometheus sends sample values as strings."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
-
-
-def vector(series: list[Series]) -> dict[str, Any]:
-    return {
-        "status": "success",
-        "data": {
-            "resultType": "vector",
-            "result": [
-                {"metric": s.labels, "value": [s.samples[-1][0], _value_text(s.samples[-1][1])]}
-                for s in series
-            ],
-        },
-    }
 
 
 class _Answer:
@@ -197,14 +101,6 @@ class FakePrometheus:
         return _Answer(json.dumps(payload).encode())
 
 
-@dataclass
-class Clock:
-    now: float = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make_service(
     fake: FakePrometheus,
     clock: Clock,
@@ -236,7 +132,7 @@ def starvation(result: JobResult) -> list[tuple[int, ...]]:
 
 
 def test_evaluation_publishes_the_starved_rank() -> None:
-    clock = Clock()
+    clock = Clock(T0)
     fake = FakePrometheus(job_answers("train", T0))
     service = make_service(fake, clock)
     published = service.evaluate()
@@ -301,7 +197,7 @@ def test_ended_and_silent_jobs_are_not_published() -> None:
     )
     # Each has a full window of steps: only being not running keeps a job out.
     assert set(build_snapshots(answers, T0, WINDOW_S)) == {"train", "ended", "silent", "half-ended"}
-    service = make_service(FakePrometheus(answers), Clock())
+    service = make_service(FakePrometheus(answers), Clock(T0))
     published = service.evaluate()
     assert sorted(published.results) == ["half-ended", "train"]
     assert starvation(published.results["train"]) == [(1,)]
@@ -311,7 +207,7 @@ def test_outage_keeps_results_backs_off_logs_once_and_recovers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="auditor.serve")
-    clock = Clock()
+    clock = Clock(T0)
     fake = FakePrometheus(job_answers("train", T0))
     service = make_service(fake, clock)
     before = service.evaluate()
@@ -319,7 +215,7 @@ def test_outage_keeps_results_backs_off_logs_once_and_recovers(
     assert serve_records(caplog) == []
 
     fake.fail = 4
-    outage_start = clock.now = T0 + 15.0
+    outage_start = clock.t = T0 + 15.0
     delays: list[float] = []
     for n in range(1, 5):
         published = service.evaluate()
@@ -329,12 +225,12 @@ def test_outage_keeps_results_backs_off_logs_once_and_recovers(
         assert (health.failures, health.consecutive_failures) == (n, n)
         assert health.evaluations == 1
         assert health.last_success == T0
-        assert health.last_attempt == clock.now
+        assert health.last_attempt == clock.t
         assert health.last_error == f"{URL} unreachable: [Errno 111] Connection refused"
         delay = service.next_delay()
         assert delay == backoff_s(n, max_s=MAX_BACKOFF_S)
         delays.append(delay)
-        clock.now += delay
+        clock.t += delay
     assert delays == [1.0, 2.0, 4.0, 4.0]
     records = serve_records(caplog)
     assert [r.levelno for r in records] == [logging.WARNING] + [logging.INFO] * 3
@@ -346,7 +242,7 @@ def test_outage_keeps_results_backs_off_logs_once_and_recovers(
 
     # Prometheus is back, and a second job has started meanwhile.
     caplog.clear()
-    fake.answers = merged(job_answers("train", clock.now), job_answers("other", clock.now))
+    fake.answers = merged(job_answers("train", clock.t), job_answers("other", clock.t))
     published = service.evaluate()
     health = published.health
     assert sorted(published.results) == ["other", "train"]
@@ -354,14 +250,13 @@ def test_outage_keeps_results_backs_off_logs_once_and_recovers(
     assert health.consecutive_failures == 0
     assert health.failures == 4  # a counter: it never goes back
     assert health.evaluations == 2
-    assert health.last_success == clock.now
+    assert health.last_success == clock.t
     assert health.last_error is None
     assert service.next_delay() == 15.0
     [record] = serve_records(caplog)
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
-        f"Prometheus answers again after 4 failed evaluation(s) over "
-        f"{clock.now - outage_start:.0f} s"
+        f"Prometheus answers again after 4 failed evaluation(s) over {clock.t - outage_start:.0f} s"
     )
 
     # A later outage is a new one: logged again.
@@ -378,7 +273,7 @@ def test_prometheus_down_from_the_start_publishes_nothing(
     caplog.set_level(logging.INFO, logger="auditor.serve")
     fake = FakePrometheus(job_answers("train", T0))
     fake.fail = 1
-    published = make_service(fake, Clock()).evaluate()
+    published = make_service(fake, Clock(T0)).evaluate()
     assert published.results == {}
     assert published.health.last_success is None
     assert published.health.prometheus_up is False
@@ -390,7 +285,7 @@ def test_a_bug_in_the_analysis_is_logged_once_with_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="auditor.serve")
-    clock = Clock()
+    clock = Clock(T0)
     fake = FakePrometheus(job_answers("train", T0))
     service = make_service(fake, clock)
     before = service.evaluate()
@@ -404,7 +299,7 @@ def test_a_bug_in_the_analysis_is_logged_once_with_a_traceback(
         },
     }
     for n in (1, 2):
-        clock.now += 15.0
+        clock.t += 15.0
         published = service.evaluate()
         assert published.results is before.results
         assert published.health.prometheus_up is True  # Prometheus did answer
@@ -417,11 +312,11 @@ def test_a_bug_in_the_analysis_is_logged_once_with_a_traceback(
     assert records[1].exc_info is None
 
     del fake.raw["steps"]
-    clock.now += service.next_delay()
-    fake.answers = job_answers("train", clock.now)
+    clock.t += service.next_delay()
+    fake.answers = job_answers("train", clock.t)
     published = service.evaluate()
     assert published.health.consecutive_failures == 0
-    assert published.health.last_success == clock.now
+    assert published.health.last_success == clock.t
     assert starvation(published.results["train"]) == [(1,)]
 
 
@@ -440,7 +335,7 @@ def test_run_returns_once_stopped(trouble: str) -> None:
     stop = threading.Event()
     fake.on_evaluation = lambda n: stop.set() if n == 3 else None
     # Intervals and backoff far below a millisecond: the loop never waits in earnest.
-    service = make_service(fake, Clock(), interval_s=1e-4, max_backoff_s=1e-4)
+    service = make_service(fake, Clock(T0), interval_s=1e-4, max_backoff_s=1e-4)
     runner = threading.Thread(target=service.run, args=(stop,), daemon=True)
     runner.start()
     runner.join(timeout=60)
@@ -457,7 +352,7 @@ def test_run_returns_at_once_when_already_stopped() -> None:
     fake = FakePrometheus(job_answers("train", T0))
     stop = threading.Event()
     stop.set()
-    make_service(fake, Clock()).run(stop)
+    make_service(fake, Clock(T0)).run(stop)
     assert fake.evaluations == 0
 
 
@@ -465,9 +360,9 @@ def test_set_overrides_reach_the_rules() -> None:
     overrides = parse_overrides("data_starvation.min_wait_ratio=0.99")
     assert overrides == {"data_starvation": {"min_wait_ratio": 0.99}}
     answers = job_answers("train", T0)
-    plain = make_service(FakePrometheus(answers), Clock()).evaluate()
+    plain = make_service(FakePrometheus(answers), Clock(T0)).evaluate()
     assert starvation(plain.results["train"]) == [(1,)]
-    strict = make_service(FakePrometheus(answers), Clock(), overrides=overrides).evaluate()
+    strict = make_service(FakePrometheus(answers), Clock(T0), overrides=overrides).evaluate()
     assert starvation(strict.results["train"]) == []
     assert strict.health.evaluations == 1
 

@@ -27,9 +27,9 @@ from auditor.telemetry.nvml import (
     decode_throttle_reasons,
 )
 from auditor.telemetry.sources import DeviceIdentity, DeviceSource
+from tests.helpers.clocks import Clock
+from tests.helpers.units import GIB, MIB
 
-GiB = 1 << 30
-MiB = 1 << 20
 NA = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 
 
@@ -38,7 +38,7 @@ class FakeGpu:
     uuid: str
     name: str
     util: tuple[int, int] = (0, 0)
-    mem: tuple[int, int] = (0, 80 * GiB)  # used, total
+    mem: tuple[int, int] = (0, 80 * GIB)  # used, total
     clocks: dict[int, int] = field(default_factory=dict)
     max_clocks: dict[int, int] = field(default_factory=dict)
     reasons: int = 0
@@ -189,7 +189,7 @@ def two_gpus() -> list[FakeGpu]:
             uuid=UUID0,
             name=MODEL,
             util=(87, 41),
-            mem=(30 * GiB, 80 * GiB),
+            mem=(30 * GIB, 80 * GIB),
             clocks={SM: 1755, MEM: 2619},
             max_clocks={SM: 1980, MEM: 2619},
             reasons=0,
@@ -197,13 +197,13 @@ def two_gpus() -> list[FakeGpu]:
             limit_mw=700_000,
             temp=61,
             pcie=(5, 5, 16, 16),
-            compute=[(1234, 29 * GiB)],
+            compute=[(1234, 29 * GIB)],
         ),
         FakeGpu(
             uuid=UUID1,
             name=MODEL,
             util=(12, 3),
-            mem=(2 * GiB, 80 * GiB),
+            mem=(2 * GIB, 80 * GIB),
             clocks={SM: 1095, MEM: 2619},
             max_clocks={SM: 1980, MEM: 2619},
             reasons=(
@@ -213,8 +213,8 @@ def two_gpus() -> list[FakeGpu]:
             limit_mw=700_000,
             temp=44,
             pcie=(3, 5, 8, 16),
-            compute=[(1235, 1 * GiB), (1300, NA)],
-            graphics=[(1235, 512 * MiB), (1400, None)],
+            compute=[(1235, 1 * GIB), (1300, NA)],
+            graphics=[(1235, 512 * MIB), (1400, None)],
         ),
     ]
 
@@ -228,8 +228,8 @@ def expected_full(now: float) -> tuple[DeviceSample, DeviceSample]:
         model=MODEL,
         gpu_util=0.87,
         mem_util=0.41,
-        mem_used_bytes=30 * GiB,
-        mem_total_bytes=80 * GiB,
+        mem_used_bytes=30 * GIB,
+        mem_total_bytes=80 * GIB,
         sm_clock_mhz=1755.0,
         sm_clock_max_mhz=1980.0,
         mem_clock_mhz=2619.0,
@@ -242,7 +242,7 @@ def expected_full(now: float) -> tuple[DeviceSample, DeviceSample]:
         pcie_gen_max=5,
         pcie_width=16,
         pcie_width_max=16,
-        processes=(GpuProcess(pid=1234, used_bytes=29 * GiB),),
+        processes=(GpuProcess(pid=1234, used_bytes=29 * GIB),),
     )
     second = DeviceSample(
         node="node-a",
@@ -252,8 +252,8 @@ def expected_full(now: float) -> tuple[DeviceSample, DeviceSample]:
         model=MODEL,
         gpu_util=0.12,
         mem_util=0.03,
-        mem_used_bytes=2 * GiB,
-        mem_total_bytes=80 * GiB,
+        mem_used_bytes=2 * GIB,
+        mem_total_bytes=80 * GIB,
         sm_clock_mhz=1095.0,
         sm_clock_max_mhz=1980.0,
         mem_clock_mhz=2619.0,
@@ -269,7 +269,7 @@ def expected_full(now: float) -> tuple[DeviceSample, DeviceSample]:
         # 1235 holds compute and graphics contexts: one entry, the larger figure.
         # 1300: NVML_VALUE_NOT_AVAILABLE; 1400: pynvml already turned it into None.
         processes=(
-            GpuProcess(pid=1235, used_bytes=1 * GiB),
+            GpuProcess(pid=1235, used_bytes=1 * GIB),
             GpuProcess(pid=1300, used_bytes=None),
             GpuProcess(pid=1400, used_bytes=None),
         ),
@@ -277,16 +277,8 @@ def expected_full(now: float) -> tuple[DeviceSample, DeviceSample]:
     return first, second
 
 
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def source(lib: FakeLib, clock: Clock | None = None) -> NvmlSource:
-    return NvmlSource("node-a", nvml=Nvml(lib), clock=clock or Clock())
+    return NvmlSource("node-a", nvml=Nvml(lib), clock=clock or Clock(1000.0))
 
 
 def test_full_read_of_two_devices() -> None:

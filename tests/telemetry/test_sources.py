@@ -18,6 +18,7 @@ from auditor.telemetry.sources import (
     RecordedDeviceSource,
     make_source,
 )
+from tests.helpers.clocks import Clock
 
 T0 = 5000.0
 MODEL = "NVIDIA A100-SXM4-40GB"
@@ -62,17 +63,9 @@ def recording() -> Recording:
     )
 
 
-class Clock:
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_devices_per_node() -> None:
-    a = RecordedDeviceSource(recording(), "a", clock=Clock())
-    b = RecordedDeviceSource(recording(), "b", clock=Clock())
+    a = RecordedDeviceSource(recording(), "a", clock=Clock(100.0))
+    b = RecordedDeviceSource(recording(), "b", clock=Clock(100.0))
     assert isinstance(a, DeviceSource)
     assert a.devices() == [DeviceIdentity(0, "g0", MODEL), DeviceIdentity(1, "g1", MODEL)]
     assert b.devices() == [DeviceIdentity(0, "g2", MODEL)]
@@ -84,7 +77,7 @@ def test_devices_per_node() -> None:
 
 def test_unknown_node_has_no_devices_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="auditor.telemetry.sources"):
-        c = RecordedDeviceSource(recording(), "c", clock=Clock())
+        c = RecordedDeviceSource(recording(), "c", clock=Clock(100.0))
     assert c.devices() == []
     assert "'c'" in caplog.text and "['a', 'b']" in caplog.text
 

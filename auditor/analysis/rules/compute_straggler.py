@@ -1,7 +1,9 @@
 """compute_straggler: a rank whose own compute is slower than its peers', that everyone waits for.
 
-Metric: per rank, compute time per sample (h2d + forward + backward minus the collective wait +
-optimizer, divided by the batch), and the median wait at the gradient all-reduce.
+Metric: per rank, compute time per sample (``compute_s``: h2d + forward + backward + optimizer,
+exclusive phases, so backward holds none of the collective wait; divided by the batch), and the
+median collective wait per step: the gradient all-reduce and every other ``torch.distributed``
+collective, by operation (``collective_ops``), which the finding names where the others wait.
 
 Why the wait matters: DDP's all-reduce ends every step at a barrier, so fast ranks spend the
 straggler's extra time waiting inside ``backward()``. Backward *wall* time is then nearly equal on
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from ..advisor import fmt_ms, predicted_speedup
 from ..findings import Finding, severity_for
 from ..snapshot import Snapshot
-from ..stats import RankStats
+from ..stats import RankStats, collective_ops_ms, collective_ops_text
 from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _PHASES = ("h2d", "forward", "backward", "optimizer")
@@ -110,20 +112,26 @@ def detect(
             "compute_per_sample_ratio": round(blamed[r]["excess"], 2),
             "extra_local_ms": round(blamed[r]["gap"] * 1e3, 1),
         }
-    evidence = {
+    evidence: dict[str, object] = {
         "per_rank": per_rank,
         "collective_wait_ms": {
             str(r): None if w is None else round(w * 1e3, 1) for r, w in sorted(waits.items())
         },
         "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
     }
+    ops = collective_ops_ms(stats)
+    if ops:
+        evidence["collective_ops_ms"] = ops
+    # The collectives the others wait in, by name where the probe reported them.
+    waiting_in = collective_ops_text(s for r, s in stats.items() if r not in blamed)
     first = min(blamed)
     info = per_rank[str(first)]
     assert isinstance(info, dict)
     summary = (
         f"{ranks_text(blamed)} compute{'s' if len(blamed) == 1 else ''} slower than peers "
         f"({info['phase']} {info['phase_ms']:.0f} ms vs {info['peer_phase_ms']:.0f} ms); "
-        "the others wait for it at the all-reduce"
+        f"the others wait for {'it' if len(blamed) == 1 else 'them'} "
+        + (f"in {waiting_in}" if waiting_in else "at the all-reduce")
     )
     return [
         Finding(

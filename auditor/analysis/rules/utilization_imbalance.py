@@ -37,6 +37,7 @@ from ..advisor import fmt_pct, predicted_speedup
 from ..devices import DeviceStats, device_stats, gpu_owners
 from ..findings import Finding, severity_for
 from ..snapshot import Snapshot
+from ..stats import collective_ops_ms, collective_ops_text
 from .common import peer_median, ranks_text, ready
 
 _CAUSES = (
@@ -143,8 +144,10 @@ def detect(
             f"GPU busy time spread {fmt_pct(gpu_busy[hi_g.uuid])} ({hi_g.label}) against "
             f"{fmt_pct(gpu_busy[lo_g.uuid])} ({lo_g.label})"
         )
+    # Where the others wait for the blamed ranks, by operation (where the probe named them).
+    waiting_in = collective_ops_text(s for r, s in stats.items() if r not in blamed)
     wait_for = (
-        f"the others wait for {ranks_text(blamed)}"
+        f"the others wait for {ranks_text(blamed)}" + (f" in {waiting_in}" if waiting_in else "")
         if len(stats) >= 2
         else f"{ranks_text(blamed)} drives every GPU"
     )
@@ -154,11 +157,7 @@ def detect(
         "spread": round(spread, 3),
         "collective_wait_ms": {str(r): round(w * 1e3, 1) for r, w in sorted(waits.items())},
     }
-    ops = {
-        str(r): {op: round(w * 1e3, 1) for op, w in sorted(s.collective_ops.items())}
-        for r, s in sorted(stats.items())
-        if s.collective_ops
-    }
+    ops = collective_ops_ms(stats)
     if ops:
         evidence["collective_ops_ms"] = ops
     unmeasured = sorted(r for r, s in stats.items() if s.collective_wait_s is None)

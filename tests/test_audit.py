@@ -1,0 +1,69 @@
+"""One audit pipeline: the same samples give the same report whatever feeds them.
+
+The live path feeds the :class:`Audit` tick by tick and judges after every tick (as ``auditor
+run``'s loop does); ``auditor analyze`` hands it the whole recording at once. Recorded GPU
+scenarios stand in for the node agent: their verdicts, fixes and per-rank figures must agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from auditor.audit import Audit
+from auditor.metrics.replay import make_ticks
+from auditor.report.commands import analyze_recording
+from auditor.telemetry.recorded import read_recording
+
+DATA = Path(__file__).parent / "data"
+SCENARIOS = sorted(p.name for p in DATA.iterdir() if (p / "recording.jsonl").exists())
+
+
+def live_report(path: Path) -> dict[str, Any]:
+    rec = read_recording(path)
+    audit = Audit(rec.job, window_s=10.0)
+    judged = 0
+    for tick in make_ticks(rec.batch, 1.0):
+        audit.add(tick.batch)
+        if audit.store.ranks:
+            audit.judge(tick.at)  # the live verdict over the last 10 s, as the panel shows it
+            judged += 1
+    assert judged >= 5, path
+    # The final verdict, as ``auditor run`` writes it when the job ends.
+    return audit.report(command=[], exit_code=None, duration_s=0.0)
+
+
+def verdict(report: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            f["kind"],
+            f["severity"],
+            tuple(f["ranks"]),
+            tuple(sorted(f["fixes"].items())),
+            f["predicted_speedup"],
+        )
+        for f in report["findings"]
+    ]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_recorded_source_gives_the_live_report(scenario: str) -> None:
+    path = DATA / scenario / "recording.jsonl"
+    live = live_report(path)
+    replayed = analyze_recording(str(path)).report
+    assert replayed is not None
+    assert verdict(replayed) == verdict(live)
+    assert replayed["ranks"] == live["ranks"]
+    assert replayed["job"]["parallel_mode"] == live["job"]["parallel_mode"]
+
+
+def test_every_scenario_is_compared() -> None:
+    # A scenario with a finding and one without: the comparison is not vacuous.
+    assert {"throttled_gpu", "balanced_4gpu"} <= set(SCENARIOS)
+    assert verdict(live_report(DATA / "throttled_gpu" / "recording.jsonl"))
+    assert not [
+        f
+        for f in live_report(DATA / "balanced_4gpu" / "recording.jsonl")["findings"]
+        if f["severity"] != "info"
+    ]
