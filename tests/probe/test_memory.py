@@ -51,7 +51,14 @@ def jobs() -> dict[str, JobResult]:
     out = {}
     for name, job in started.items():
         res = job.result(timeout=240, wait_rank_s=20, ranks=2)
-        assert res.returncode == 0, f"{name}: rc {res.returncode}\n{res.stderr[-3000:]}"
+        # Every rank finished (DONE after destroy_process_group); gloo can still abort at
+        # interpreter exit on a loaded 2-core machine ("terminate called without an active
+        # exception"), after the samples under test were all sent. Anything else is a failure.
+        finished = res.stdout.count("DONE=1") == 2
+        teardown = "terminate called without an active exception" in res.stderr
+        assert res.returncode == 0 or (finished and teardown), (
+            f"{name}: rc {res.returncode}\n{res.stderr[-3000:]}"
+        )
         out[name] = res
     return out
 
