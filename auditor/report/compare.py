@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from auditor.analysis.findings import SEVERITIES
-from auditor.report.terminal import VERDICT_WIDTH, fmt_ms, ranks_text, wrap
+from auditor.report.terminal import VERDICT_WIDTH, fmt_ms, ranks_text, table, wrap
 
 SCHEMA = "auditor.compare/v1"
 
@@ -224,7 +224,7 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
         out.append("")
         out.append("Per rank (median step, and each phase's share of it):")
         titles = ("rank", "run", "step ms", *(t for t, _ in SHARES))
-        out.extend("  " + line[: width - 2] for line in _table(titles, rows, left={1}))
+        out.extend("  " + line[: width - 2] for line in table(titles, rows, left={1}))
         out.append("  bwd: backward apart from the wait; wait: at the all-reduce.")
     return "\n".join(out)
 
@@ -289,18 +289,6 @@ def _share_rows(ranks: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             ]
             rows.append(cells)
     return rows
-
-
-def _table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[int]) -> list[str]:
-    widths = [max([len(t)] + [len(r[i]) for r in rows]) for i, t in enumerate(titles)]
-
-    def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i in left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return [fmt(titles), *(fmt(r) for r in rows)]
 
 
 # --------------------------------------------------------------------------------------------

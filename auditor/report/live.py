@@ -25,6 +25,7 @@ from auditor.analysis.stats import RankStats
 from auditor.report.terminal import (
     MISSING,
     PENDING,
+    clip,
     fmt_batch,
     fmt_duration,
     fmt_ms,
@@ -485,5 +486,4 @@ def _layout(cols: Sequence[int], rows: Sequence[Sequence[str]]) -> _Table:
 
 
 def _clip(line: str, width: int) -> str:
-    line = line.replace("\t", "    ")
-    return line if len(line) <= width else line[: max(0, width - 3)] + "..."
+    return clip(line.replace("\t", "    "), width)

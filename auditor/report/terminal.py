@@ -12,9 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from auditor.analysis.budget import fmt_bytes
-from auditor.analysis.findings import SEVERITIES, Finding
-from auditor.analysis.snapshot import Snapshot
-from auditor.analysis.stats import RankStats
+from auditor.analysis.findings import SEVERITIES
 
 MISSING = "-"
 PENDING = "..."
@@ -25,90 +23,6 @@ MIN_JUDGED_STEPS = 8
 
 _ANSI = {"critical": "\x1b[1;31m", "warning": "\x1b[33m", "ok": "\x1b[32m", "bold": "\x1b[1m"}
 _RESET = "\x1b[0m"
-
-
-# --------------------------------------------------------------------------------------------
-# live view
-
-
-def render_live(
-    snapshot: Snapshot,
-    findings: Sequence[Finding],
-    *,
-    elapsed_s: float,
-    width: int = 100,
-    color: bool = False,
-) -> str:
-    """A compact per-rank table for the running job (printed about once a second on stderr).
-
-    One header line, one row per rank, then one line per finding at warning or above. Every
-    line fits in ``width`` columns (colour codes aside).
-    """
-    width = max(20, width)
-    n = len(snapshot.ranks)
-    header = f"auditor  {fmt_duration(elapsed_s)}  {n} rank{'' if n == 1 else 's'}"
-    header += f"  {snapshot.parallel_mode}"
-    if snapshot.job:
-        header += f"  {snapshot.job}"
-    lines = [_clip(header, width)]
-    if n == 0:
-        lines.append(_clip("waiting for ranks to report ...", width))
-    else:
-        titles = (
-            "rank",
-            "host",
-            "steps",
-            "step ms",
-            "data %",
-            "compute ms",
-            "wait ms",
-            "batch",
-            "samples/s",
-            "worker cpu",
-            "",
-        )
-        rows: list[list[str]] = []
-        stats = snapshot.stats
-        for view in sorted(snapshot.ranks, key=lambda v: v.info.rank):
-            s = stats[view.info.rank]
-            rows.append(_live_row(s, view.info.host, ended=view.ended))
-        table = _table(titles, rows, left={1, 10})
-        lines.extend(_clip(line, width) for line in table)
-    for f in findings:
-        if f.severity_level < SEVERITIES.index("warning"):
-            continue
-        who = f" {ranks_text(f.ranks)}" if f.ranks else ""
-        line = _clip(f"! {f.kind}{who}: {f.summary}", width)
-        lines.append(_paint(line, f.severity, color))
-    return "\n".join(lines)
-
-
-def _live_row(s: RankStats, host: str, *, ended: bool) -> list[str]:
-    wkr = _worker_cpu(s.worker_cpu, s.workers, s.loader.num_workers if s.loader else None)
-    state = "ended" if ended else ""
-    if s.steps < 2 or s.step_s <= 0:
-        return [str(s.rank), short_host(host), str(s.steps), *([PENDING] * 6), wkr, state]
-    return [
-        str(s.rank),
-        short_host(host),
-        str(s.steps),
-        fmt_ms(s.step_s),
-        fmt_pct(s.data_wait_ratio),
-        fmt_ms(s.compute_s),
-        fmt_ms(s.collective_wait_s),
-        fmt_batch(s.batch_size),
-        fmt_rate(s.samples_per_s),
-        wkr,
-        state,
-    ]
-
-
-def _worker_cpu(total: float | None, workers: int, configured: int | None) -> str:
-    if total is not None and workers > 0:
-        return f"{total:.1f}/{workers}"
-    if configured == 0:
-        return "main"  # the DataLoader loads in the rank's main process: no workers
-    return MISSING
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,7 +223,7 @@ def _verdict_table(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
                 fmt_batch(r.get("batch_size")),
             ]
         )
-    return [_clip(line, VERDICT_WIDTH - 2) for line in _table(titles, rows, left={1})]
+    return [clip(line, VERDICT_WIDTH - 2) for line in table(titles, rows, left={1})]
 
 
 def _budgets(ranks: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
@@ -341,7 +255,7 @@ def _memory_table(
     for r in ranks:
         b = budgets.get(_as_int(r.get("rank"))) or {}
         rows.append([str(r.get("rank")), *(fmt_size(b.get(k)) for k in keys)])
-    return [_clip(line, VERDICT_WIDTH - 2) for line in _table(titles, rows, left=set())]
+    return [clip(line, VERDICT_WIDTH - 2) for line in table(titles, rows, left=set())]
 
 
 def _memory_notes(budgets: Mapping[int, Mapping[str, Any]]) -> list[str]:
@@ -543,7 +457,7 @@ def fmt_size(n_bytes: Any) -> str:
     return fmt_bytes(float(n_bytes)) if _measured(n_bytes) else MISSING
 
 
-def _table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[int]) -> list[str]:
+def table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[int]) -> list[str]:
     widths = [max([len(t)] + [len(r[i]) for r in rows]) for i, t in enumerate(titles)]
 
     def fmt(cells: Sequence[str]) -> str:
@@ -556,7 +470,8 @@ def _table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[in
     return [fmt(titles), *(fmt(r) for r in rows)]
 
 
-def _clip(line: str, width: int) -> str:
+def clip(line: str, width: int) -> str:
+    """``line`` cut to ``width`` characters, ending in ``...`` where it was cut."""
     if len(line) <= width:
         return line
     return line[: max(0, width - 3)] + "..."

@@ -1,15 +1,13 @@
 """A Hugging Face ``Trainer`` job: a tiny GPT-2 built from a config (nothing downloaded) on
 synthetic token sequences, launched with torchrun on CPU.
 
-``--fault starved``: rank 1 reads each sample from slow storage (dataloader_num_workers=0).
-``--fault slow``: rank 1's model does extra work in forward (a sleep: device time, not host CPU).
+Faults: see ``workload.py`` (the loader here is the Trainer's, ``dataloader_num_workers=0``).
 
     torchrun --nproc_per_node=2 examples/frameworks/hf_trainer.py --fault starved
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -18,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from workload import BATCH, Fault, device_time, fault_parser
 
-BATCH = 8
 SEQ = 32
 
 
@@ -39,37 +37,25 @@ class Tokens(Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
-# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
-# phases is the small share it is on a real job.
-COMPUTE_S = 0.03
+class TimedGPT2(GPT2LMHeadModel):
+    """GPT-2 whose forward also takes ``forward_s`` of (stand-in) device time."""
 
-
-class SlowGPT2(GPT2LMHeadModel):
-    """The same model with extra work in every forward (a slower device, say)."""
-
-    extra_s = COMPUTE_S
+    forward_s = 0.0
 
     # Named parameters: the Trainer keeps only the dataset columns that forward names.
     def forward(self, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
-        time.sleep(self.extra_s)
+        device_time(self.forward_s)
         return super().forward(input_ids=input_ids, labels=labels, **kwargs)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--fault", choices=("none", "starved", "slow"), default="none")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--delay", type=float, default=0.04, help="seconds the fault costs per step")
-    args = p.parse_args()
+    args = fault_parser().parse_args()
     torch.set_num_threads(1)
-    faulty = int(os.environ.get("RANK", "0")) == 1
+    fault = Fault.of(args.fault, args.delay, int(os.environ.get("RANK", "0")))
     config = GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
-    if faulty and args.fault == "slow":
-        SlowGPT2.extra_s = COMPUTE_S + args.delay
-    model: GPT2LMHeadModel = SlowGPT2(config)
-    starved = faulty and args.fault == "starved"
-    data = Tokens(args.steps * BATCH * 2, args.delay / BATCH if starved else 0.0)
+    TimedGPT2.forward_s = fault.forward_s
+    model = TimedGPT2(config)
+    data = Tokens(args.steps * BATCH * 2, fault.read_s)
     training = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="hf-trainer-"),
         max_steps=args.steps,

@@ -1,46 +1,20 @@
 """A PyTorch Lightning job: ``Trainer(strategy="ddp" or "ddp_spawn", accelerator="cpu",
 devices=2)``. Lightning runs forward and backward inside ``optimizer.step(closure)``.
 
-``--fault starved``: rank 1 reads each sample from slow storage (num_workers=0).
-``--fault slow``: rank 1's model does extra work in forward (a sleep: device time, not host CPU).
+Faults: see ``workload.py``.
 
     python examples/frameworks/lightning_ddp.py --strategy ddp --fault starved
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
-import time
 
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-BATCH = 8
-
-
-class Samples(Dataset):
-    """Synthetic features; ``read_delay_s`` mimics slow storage per sample."""
-
-    def __init__(self, n: int, read_delay_s: float) -> None:
-        self.n, self.read_delay_s = n, read_delay_s
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.read_delay_s:
-            time.sleep(self.read_delay_s)
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(64, generator=g), torch.tensor(i % 4)
-
-
-# Every rank's forward stands in for device compute with a sleep (these examples run on CPU):
-# a step of tens of milliseconds, as real steps are, so the frameworks' own bookkeeping between
-# phases is the small share it is on a real job.
-COMPUTE_S = 0.03
+from torch.utils.data import DataLoader
+from workload import BATCH, Fault, Samples, device_time, fault_parser
 
 
 class Classifier(L.LightningModule):
@@ -50,8 +24,7 @@ class Classifier(L.LightningModule):
         self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        slow = self.fault == "slow" and self.global_rank == 1
-        time.sleep(COMPUTE_S + (self.delay if slow else 0.0))
+        device_time(Fault.of(self.fault, self.delay, self.global_rank).forward_s)
         return self.body(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], idx: int) -> torch.Tensor:
@@ -63,17 +36,14 @@ class Classifier(L.LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         torch.set_num_threads(1)
-        starved = self.fault == "starved" and self.global_rank == 1
-        data = Samples(self.steps * BATCH * 2, self.delay / BATCH if starved else 0.0)
+        fault = Fault.of(self.fault, self.delay, self.global_rank)
+        data = Samples(self.steps * BATCH * 2, fault.read_s)
         return DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=0)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = fault_parser()
     p.add_argument("--strategy", choices=("ddp", "ddp_spawn"), default="ddp")
-    p.add_argument("--fault", choices=("none", "starved", "slow"), default="none")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--delay", type=float, default=0.04, help="seconds the fault costs per step")
     args = p.parse_args()
     trainer = L.Trainer(
         accelerator="cpu",

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 
 from rich.console import Console
 
 from auditor.analysis import analyze
+from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import Snapshot
 from auditor.liveview import StatusView, panel_text
-from auditor.report.live import LiveState, status_line
+from auditor.report.live import LiveState, panel_lines, status_line
 from auditor.samples import Batch, RankInfo
 from auditor.torchrun import expected_ranks
 from tests.helpers.jobs import JobBuilder, RankSpec
+from tests.helpers.reports import make_store, snapshot_of, starved_report
 
 STARVED = 37
 
@@ -194,3 +197,49 @@ def test_rank_info_only_ranks_show_pending_rows() -> None:
     state = LiveState(elapsed_s=3, snapshot=b.store.snapshot(b.now, 10.0))
     lines = _screen(state)
     assert _rank_rows(lines)
+
+
+# What the panel shows for values it lacks, ranks that barely started, findings below warning
+# and ranks that ended (the stored two-rank job of tests.helpers.reports).
+def _panel(snap: Snapshot, findings: Sequence[Finding] = (), width: int = 100) -> list[str]:
+    state = LiveState(elapsed_s=12, job="j", snapshot=snap, findings=tuple(findings))
+    return [line.text for line in panel_lines(state, width=width, height=30)]
+
+
+def test_unmeasured_values_read_dash_never_zero() -> None:
+    snap = snapshot_of(make_store(starved=False, with_cpu=False, collective=False))
+    rows = _rank_rows(_panel(snap, analyze(snap)))
+    for rank in (0, 1):
+        cells = rows[rank].split()
+        # rank node steps step data compute wait batch samples/s worker-cpu
+        assert cells[6] == "-"  # collective wait not measured
+        assert cells[9] == "-"  # worker CPU not sampled
+
+
+def test_ranks_without_two_steps_show_placeholders() -> None:
+    snap = snapshot_of(make_store(steps=1))
+    lines = _panel(snap, analyze(snap))
+    rows = _rank_rows(lines)
+    for rank in (0, 1):
+        cells = rows[rank].split()
+        assert cells[2] == "1" and cells[3:9] == ["..."] * 6
+    assert not any("0.0" in line for line in lines)
+
+
+def test_long_findings_are_clipped_and_info_is_left_to_the_verdict() -> None:
+    snap, findings, _ = starved_report()
+    info = Finding(kind="memory_headroom", severity="info", ranks=(0,), summary="fine")
+    long = Finding(kind="compute_straggler", severity="warning", ranks=(0, 1), summary="y " * 200)
+    lines = _panel(snap, [*findings, info, long], width=60)
+    assert all(len(line) < 60 for line in lines)
+    assert not any("memory_headroom" in line for line in lines)
+    clipped = [line for line in lines if line.startswith("! compute_straggler ranks 0, 1: y y")]
+    assert len(clipped) == 1 and clipped[0].endswith("...")
+
+
+def test_an_ended_rank_says_so() -> None:
+    store = make_store(starved=False)
+    store.add(Batch(ended=(1,)))
+    rows = _rank_rows(_panel(snapshot_of(store)))
+    assert rows[1].rstrip().endswith("ended")
+    assert not rows[0].rstrip().endswith("ended")

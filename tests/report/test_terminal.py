@@ -8,8 +8,8 @@ from typing import Any
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.report.json_report import build_report
-from auditor.report.terminal import render_live, render_verdict, wrap
-from auditor.samples import Batch, MemoryBudget
+from auditor.report.terminal import render_verdict, wrap
+from auditor.samples import MemoryBudget
 from tests.helpers.reports import (
     T0,
     budget,
@@ -268,69 +268,3 @@ def test_wrap_keeps_width_for_unbreakable_words() -> None:
     lines = wrap("x" * 200, indent="  ", cont="    ")
     assert all(len(line) <= 80 for line in lines)
     assert "".join(line.strip() for line in lines) == "x" * 200
-
-
-# ---------------------------------------------------------------------------------------------
-# live view
-
-
-def test_live_shows_both_ranks_and_starvation_line() -> None:
-    snap, findings, _ = starved_report()
-    text = render_live(snap, findings, elapsed_s=12.4)
-    lines = text.splitlines()
-    assert lines[0].startswith("auditor  12s  2 ranks  ddp")
-    assert all(len(line) <= 100 for line in lines)
-    r0, r1 = _row(text, 0), _row(text, 1)
-    assert "node-a " in r0 + " " and "cluster" not in r0  # short host
-    assert "80%" in r1 and "1%" in r0
-    assert "0.8/2" in r1  # worker cores used / workers
-    assert "79.5" in r0  # rank 0 waits at the all-reduce
-    bang = [ln for ln in lines if ln.startswith("! ")]
-    assert bang and bang[0].startswith("! data_starvation rank 1: rank 1 waits for data")
-    assert text.isascii() and "\x1b[" not in text
-
-
-def test_live_prints_dash_for_unknown_values() -> None:
-    snap = snapshot_of(make_store(starved=False, with_cpu=False, collective=False))
-    text = render_live(snap, analyze(snap), elapsed_s=3)
-    for rank in (0, 1):
-        cells = _row(text, rank).split()
-        # rank host steps step data compute wait batch samples/s worker-cpu
-        assert cells[6] == "-"  # collective wait not measured
-        assert cells[9] == "-"  # worker CPU not sampled
-        assert "0" not in (cells[6], cells[9])
-
-
-def test_live_placeholders_for_ranks_without_enough_steps() -> None:
-    store = make_store(steps=1)
-    snap = snapshot_of(store)
-    text = render_live(snap, analyze(snap), elapsed_s=0.4)
-    for rank in (0, 1):
-        cells = _row(text, rank).split()
-        assert cells[2] == "1"
-        assert cells[3:9] == ["..."] * 6
-    assert "0.0" not in text
-
-
-def test_live_truncates_to_width_and_skips_info_findings() -> None:
-    snap, findings, _ = starved_report()
-    info = Finding(kind="memory_headroom", severity="info", ranks=(0,), summary="fine")
-    long = Finding(kind="compute_straggler", severity="warning", ranks=(0, 1), summary="y " * 200)
-    text = render_live(snap, [*findings, info, long], elapsed_s=3725, width=60)
-    lines = text.splitlines()
-    assert all(len(line) <= 60 for line in lines)
-    assert lines[0].startswith("auditor  1h02m")
-    assert not any("memory_headroom" in ln for ln in lines)
-    last = lines[-1]
-    assert last.startswith("! compute_straggler ranks 0, 1: y y") and last.endswith("...")
-
-
-def test_live_empty_snapshot_and_ended_rank() -> None:
-    empty = SampleStore("x").snapshot(T0, None)
-    text = render_live(empty, [], elapsed_s=1)
-    assert text.splitlines()[0].startswith("auditor  1s  0 ranks")
-    store = make_store(starved=False)
-    store.add(Batch(ended=(1,)))
-    text = render_live(snapshot_of(store), [], elapsed_s=5, color=True)
-    assert _row(text, 1).rstrip().endswith("ended")
-    assert not _row(text, 0).rstrip().endswith("ended")
