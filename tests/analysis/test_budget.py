@@ -187,6 +187,10 @@ def test_headroom_on_a_cpu_job_stays_info() -> None:
     )  # fmt: skip
     found = memory_headroom.detect(snap(view(0, cpu)))
     assert found and all(f.severity == "info" for f in found)
+    # The host would "fit" thousands of samples: the figure stays in the evidence, and the fix
+    # offers no batch the rank should not take.
+    assert found[0].evidence["per_rank"]["0"]["largest_batch"] > 1000
+    assert "->" not in found[0].fixes[0] and "nothing to change" in found[0].fixes[0]
 
 
 def test_pressure_on_a_cpu_host_short_of_memory() -> None:

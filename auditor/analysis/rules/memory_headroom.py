@@ -409,19 +409,16 @@ def _from_budgets(
             roomy[r] = m
     out: list[Finding] = []
     if roomy:
-        fixes = {
-            r: (
-                f"batch_size {m.batch} -> up to {m.largest_batch()} fits {_where(m)} with a "
-                f"{margin:.0%} margin ({parts_text(m)}); raise it only while throughput still "
-                "grows and scale the learning rate with it"
-            )
-            for r, m in roomy.items()
-        }
+        fixes = {r: _roomy_fix(m, margin) for r, m in roomy.items()}
         first = roomy[min(roomy)]
+        room = (
+            f"a batch of up to {first.largest_batch()} fits (now {first.batch})"
+            if first.budget.device_total_bytes
+            else "memory does not limit the batch"
+        )
         summary = (
             f"{ranks_text(roomy)} hold{'s' if len(roomy) == 1 else ''} "
-            f"{fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable: a "
-            f"batch of up to {first.largest_batch()} fits (now {first.batch})"
+            f"{fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable: {room}"
         )
         out.append(_budget_finding("info", roomy, margin, summary, fixes))
     if tight:
@@ -444,6 +441,23 @@ def _from_budgets(
             _budget_finding("warning" if gpu or short else "info", tight, margin, summary, fixes)
         )
     return out
+
+
+def _roomy_fix(m: BudgetModel, margin: float) -> str:
+    """On a GPU, the largest batch that fits; on a CPU job only what the rank holds: the host's
+    memory would "fit" an absurd batch (millions of samples), and on a CPU the batch is sized
+    by throughput, not memory. The evidence keeps the figure either way."""
+    if not m.budget.device_total_bytes:
+        return (
+            f"nothing to change for memory: batch {m.batch} holds {fmt_bytes(m.current_bytes)} "
+            f"({parts_text(m)}) of {fmt_bytes(m.capacity_bytes)} usable; on a CPU the batch is "
+            "sized by throughput, not memory"
+        )
+    return (
+        f"batch_size {m.batch} -> up to {m.largest_batch()} fits {_where(m)} with a "
+        f"{margin:.0%} margin ({parts_text(m)}); raise it only while throughput still grows and "
+        "scale the learning rate with it"
+    )
 
 
 def _budget_finding(
