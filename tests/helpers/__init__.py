@@ -4,6 +4,8 @@
   ``wait_quietly`` where the caller's own assert reports a timeout.
 * :mod:`.tools`: ``require_tool``, the one decision on a missing promtool, amtool, chromium...
   (skip on a developer's machine, fail under ``CI=true``).
+* :mod:`.exits`: ``ended_well``, the one judgement of a training job's exit code (gloo's
+  abort at interpreter exit, after the work is done, is not the job's failure).
 * :mod:`.units`: ``GIB`` and ``MIB``.
 * :mod:`.clocks`: fake host clock and CUDA-event-like device timer, moved by hand.
 * :mod:`.jobs`: constructed DDP jobs (per-rank phase timings in, a ``Snapshot`` out).
