@@ -307,7 +307,7 @@ class _Link:
         self.node = str(agent.address().get("node") or node or socket.gethostname())
         try:
             self.view = JobViewClient(key, self.node, ray_node_id=str(ray_node_id))
-            print(f"auditor: node {self.node} joined the job view {self.view.name}", file=self.out)
+            print(f"auditor: node {self.node} joins the job view {self.view.name}", file=self.out)
         except Exception as exc:
             self._note_view(exc)
 

@@ -46,6 +46,8 @@ LOST_AFTER_S = 10.0
 # Once a node's job ended: another node silent this long is lost (its ranks ended with ours,
 # a live driver pushes every second).
 FINAL_SILENCE_S = 3.0
+# A node with nothing new still tells the view it is alive this often.
+HEARTBEAT_S = 1.0
 # How long the view keeps batches for readers that fall behind (or join late).
 KEEP_S = 120.0
 # A view nobody pushed to or read from for this long removes itself (every driver died).
@@ -313,10 +315,16 @@ def _head_node_id() -> str | None:
 
 
 class JobViewClient:
-    """One node's link to the job view: push what this node drained, pull the others'."""
+    """One node's link to the job view: push what this node drained, pull the others'.
+
+    Nothing here blocks the live loop: the join and every pull are sent and their answers taken
+    when they have come. On a loaded machine the view's actor can take many seconds to start, or
+    to answer; a slow answer is not a lost view. Only an error from Ray (the actor died or could
+    not be created) or no answer within ``answer_timeout_s`` is.
+    """
 
     def __init__(
-        self, key: str, node: str, *, ray_node_id: str = "", call_timeout_s: float = 5.0
+        self, key: str, node: str, *, ray_node_id: str = "", answer_timeout_s: float = 60.0
     ) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -325,8 +333,7 @@ class JobViewClient:
         self.key = key
         self.node = node
         self.name = actor_name(key)
-        self._timeout = call_timeout_s
-        self._ray_node_id = ray_node_id
+        self._timeout = answer_timeout_s
         self.cursor = 0
         self.nodes: list[dict[str, Any]] = []
         head = _head_node_id()
@@ -342,11 +349,18 @@ class JobViewClient:
             scheduling_strategy=strategy,
         ).remote(key)
         self._actor = actor
-        ray.get(actor.join.remote(node, ray_node_id, time.time()), timeout=self._timeout)
+        # One caller's calls reach an actor in the order sent: pushes sent before the join is
+        # answered still land after it.
+        self._pending: Any = actor.join.remote(node, ray_node_id, time.time())
+        self._joining = True
+        self._sent = self._pushed = time.monotonic()
 
     def push(self, batch: Batch) -> None:
-        """Fire and forget: the next pull carries any error."""
-        if (
+        """Fire and forget: the next pull carries any error. An empty batch still goes out
+        once a second, so a node whose ranks have not started yet (torchrun waits for every
+        node at the rendezvous) is not taken for lost."""
+        now = time.monotonic()
+        if not (
             batch.infos
             or batch.steps
             or batch.processes
@@ -354,15 +368,37 @@ class JobViewClient:
             or batch.devices
             or (batch.ended or batch.memory)
         ):
-            self._actor.push.remote(self.node, batch, time.time())
-
-    def heartbeat(self) -> None:
-        self._actor.push.remote(self.node, Batch(), time.time())
+            if now - self._pushed < HEARTBEAT_S:
+                return
+            batch = Batch()
+        self._pushed = now
+        self._actor.push.remote(self.node, batch, time.time())
 
     def pull(self) -> list[Batch]:
-        cursor, batches, nodes = self._ray.get(
-            self._actor.pull.remote(self.node, self.cursor, time.time()), timeout=self._timeout
-        )
+        """The other nodes' batches that the last pull brought, if its answer came; then the
+        next pull is sent. Raises when the view is gone or silent past the timeout."""
+        if self._pending is not None:
+            ready, _ = self._ray.wait([self._pending], timeout=0)
+            if not ready:
+                if time.monotonic() - self._sent > self._timeout:
+                    what = "join" if self._joining else "pull"
+                    raise TimeoutError(f"no answer to the {what} in {self._timeout:.0f} s")
+                return []
+        batches = self._take()
+        self._pending = self._actor.pull.remote(self.node, self.cursor, time.time())
+        self._sent = time.monotonic()
+        return batches
+
+    def _take(self, timeout: float | None = None) -> list[Batch]:
+        """The answer of the call in flight (waiting up to ``timeout``), or nothing."""
+        ref, self._pending = self._pending, None
+        if ref is None:
+            return []
+        answer = self._ray.get(ref, timeout=timeout)
+        if self._joining:
+            self._joining = False
+            return []
+        cursor, batches, nodes = answer
         self.cursor, self.nodes = int(cursor), list(nodes)
         return list(batches)
 
@@ -371,15 +407,18 @@ class JobViewClient:
         nodes up to ``wait_s`` to push their last samples (their ranks end with ours), read
         them, and release the view; the last node to release removes it."""
         ray = self._ray
-        ray.get(self._actor.leave.remote(self.node, exit_code), timeout=self._timeout)
+        timeout = self._timeout
+        batches = self._take(timeout)  # the pull (or join) in flight: it holds batches too
+        ray.get(self._actor.leave.remote(self.node, exit_code), timeout=timeout)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            states = ray.get(self._actor.states.remote(FINAL_SILENCE_S), timeout=self._timeout)
+            states = ray.get(self._actor.states.remote(FINAL_SILENCE_S), timeout=timeout)
             if all(s["state"] != RUNNING for s in states if s["node"] != self.node):
                 break
             time.sleep(0.3)
-        batches = self.pull()
-        if ray.get(self._actor.release.remote(self.node), timeout=self._timeout) == 0:
+        self._pending = self._actor.pull.remote(self.node, self.cursor, time.time())
+        batches += self._take(timeout)
+        if ray.get(self._actor.release.remote(self.node), timeout=timeout) == 0:
             try:
                 ray.kill(self._actor, no_restart=True)
             except Exception:

@@ -101,6 +101,7 @@ class Probe:
         self.sink_path = sink_path or os.environ.get("AUDITOR_SINK") or default_sink_path()
         self.enabled = True
         self.active = False
+        self._known_group: tuple[int, int] | None = None
         self.parallel_mode = "none"
         self.devices: tuple[int, ...] = ()
         self.device = "cpu"
@@ -162,17 +163,25 @@ class Probe:
         except Exception:
             return None
 
-    def rank(self) -> int:
+    def _group(self) -> tuple[int, int] | None:
+        """(rank, world size) from the process group, kept once known: a script that ends with
+        ``destroy_process_group()`` still flushes its last steps, and a process started by
+        ``mp.spawn`` has no ``RANK`` to fall back on (they would be booked to rank 0)."""
         d = self._dist()
         if d is not None:
-            return int(d.get_rank())
-        return int(os.environ.get("RANK", "0"))
+            try:
+                self._known_group = (int(d.get_rank()), int(d.get_world_size()))
+            except Exception:
+                pass
+        return self._known_group
+
+    def rank(self) -> int:
+        group = self._group()
+        return group[0] if group else int(os.environ.get("RANK", "0"))
 
     def world_size(self) -> int:
-        d = self._dist()
-        if d is not None:
-            return int(d.get_world_size())
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        group = self._group()
+        return group[1] if group else int(os.environ.get("WORLD_SIZE", "1"))
 
     def info(self) -> RankInfo:
         return RankInfo(

@@ -108,13 +108,7 @@ FRAMEWORKS = {
         Framework("mp_spawn", (sys.executable, _script("mp_spawn.py")), "ddp", "torch"),
     )
 }
-# mp.spawn: some of rank 1's steps arrive booked to rank 0 (rank 0 reports 61-67 of its 60
-# steps, rank 1 53-59), seen on this 2-core machine; open in issue 11. Marked, not hidden: the
-# cases still run, and pass or fail visibly in the log.
-_MP_SPAWN_BUG = pytest.mark.xfail(
-    reason="issue 11: mp.spawn books some of rank 1's steps to rank 0", strict=False
-)
-NAMES = [pytest.param(n, marks=_MP_SPAWN_BUG) if n == "mp_spawn" else n for n in FRAMEWORKS]
+NAMES = list(FRAMEWORKS)
 
 
 @pytest.fixture(scope="module")

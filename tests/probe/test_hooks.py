@@ -32,6 +32,9 @@ SCENARIOS: dict[str, dict[str, object]] = {
     "plain": {"args": PLAIN},
     "no_agent": {"args": PLAIN, "with_intake": False},
     "no_probe": {"args": PLAIN, "probe": False},
+    # A rank whose environment says another rank than its process group (as under mp.spawn,
+    # which sets no RANK at all): the group's rank holds, also after destroy_process_group.
+    "stale_rank_env": {"args": DDP, "env": {"RANK": "7", "WORLD_SIZE": "8"}},
 }
 
 
@@ -40,6 +43,7 @@ def jobs() -> Iterator[dict[str, JobResult]]:
     started: dict[str, Job] = {}
     for name, spec in SCENARIOS.items():
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        env.update(spec.get("env", {}))  # type: ignore[call-overload]
         started[name] = Job(
             [str(TRAIN), *spec["args"]],  # type: ignore[list-item]
             env=env,
@@ -91,6 +95,16 @@ def test_ddp_steps_arrive_with_every_phase(jobs: dict[str, JobResult]) -> None:
     assert res.bad_lines == 0
     # The script's own forward hook on the wrapped module still runs on every step.
     assert res.printed("FWD_CALLS") == str(BATCHES)
+
+
+def test_rank_comes_from_the_process_group_until_the_last_step(
+    jobs: dict[str, JobResult],
+) -> None:
+    res = ok(jobs["stale_rank_env"])
+    # The last steps are flushed after the script's destroy_process_group(): still rank 0's.
+    assert [(s.rank, s.step) for s in res.steps] == [(0, n) for n in range(BATCHES)]
+    assert set(res.infos) == {0} and res.infos[0].world_size == 1
+    assert res.ended == {0}
 
 
 def test_ddp_loader_workers_are_declared_and_never_report(jobs: dict[str, JobResult]) -> None:
