@@ -330,8 +330,11 @@ class MemoryBudget:
     bytes autograd saved for backward in one sampled forward (every ``activations_every``-th
     step) of a batch of ``activation_batch``; None until one was sampled. ``other_module_bytes``:
     parameters and buffers of modules outside the model (an EMA or evaluation copy).
-    ``device_total_bytes``: the GPU's total (None on CPU); the host's figures are the whole
-    host's, shared by ``local_ranks`` ranks.
+    ``device_total_bytes``: the GPU's total (None on CPU); ``device_outside_bytes``: what the
+    GPU holds outside this process's caching allocator (its CUDA context, NCCL's buffers, other
+    processes: total - free - reserved); ``device_peak_bytes``: the allocator's peak reserved
+    bytes (temporaries, fragmentation and DDP's gradient buckets on top of what the budget
+    counts). The host's figures are the whole host's, shared by ``local_ranks`` ranks.
     """
 
     rank: int
@@ -356,6 +359,8 @@ class MemoryBudget:
     activation_step: int | None = None
     activations_every: int | None = None
     device_total_bytes: int | None = None
+    device_outside_bytes: int | None = None
+    device_peak_bytes: int | None = None
     host_total_bytes: int | None = None
     host_available_bytes: int | None = None
     local_ranks: int = 1

@@ -8,7 +8,8 @@ evaluation copy). No fit, no batch variation: every term is measured.
 
 The memory a rank may use (its *capacity*):
 
-* on a GPU, the device's total less a safety ``margin``;
+* on a GPU, the device's total less a safety ``margin``, less what the device holds outside the
+  rank's caching allocator (its CUDA context, NCCL's buffers, other processes), as measured;
 * on a CPU job, what the rank's tensors hold now plus its share of the host's available memory
   (available / ranks on the host), that share less the ``margin``.
 
@@ -26,6 +27,12 @@ The levers, each in bytes freed per rank at the current batch (and the largest b
   none (x2): the state beyond that is freed. Scalar ``step`` counters are left aside.
 * ``shard``: FSDP / ZeRO-3 shards parameters, gradients and optimizer state over the ranks:
   the fixed part / world size stays, the rest is freed (not offered where already sharded).
+
+On a GPU the allocator's measured peak also holds what the tensors above do not: a step's
+temporaries, fragmentation, DDP's gradient buckets. Where that peak exceeds the model at the
+current batch, the excess is counted as growing with the batch (the cautious reading: a batch
+that fits by the model alone can run out of memory), so the largest batch is never sized from
+the tensors alone.
 
 Which lever is *the* lever: the fixed part where it is at least the activations at the current
 batch (a smaller batch or checkpointing cannot help much), else the activations.
@@ -94,9 +101,28 @@ class BudgetModel:
             return None
         return per * self.batch
 
+    @property
+    def overhead_bytes(self) -> float:
+        """What the allocator's measured peak holds beyond the fixed part and the activations
+        at the current batch (0 where no peak was measured, e.g. on CPU)."""
+        peak, act = self.budget.device_peak_bytes, self.activation_bytes
+        if not peak or act is None:
+            return 0.0
+        return max(0.0, peak - self.fixed_bytes - act)
+
+    @property
+    def overhead_per_sample(self) -> float:
+        return self.overhead_bytes / self.batch if self.batch else 0.0
+
     def at(self, batch: float) -> float:
-        """Predicted memory at ``batch``."""
-        return self.fixed_bytes + (self.per_sample_bytes or 0.0) * batch
+        """Predicted memory at ``batch`` (the measured overhead growing with it)."""
+        per = (self.per_sample_bytes or 0.0) + self.overhead_per_sample
+        return self.fixed_bytes + per * batch
+
+    def usable(self, device_bytes: float) -> float:
+        """Of ``device_bytes`` of the GPU, what this rank's allocator may take: less what the
+        device holds outside it (the CUDA context and other processes)."""
+        return device_bytes - (self.budget.device_outside_bytes or 0)
 
     @property
     def current_bytes(self) -> float | None:
@@ -114,9 +140,9 @@ class BudgetModel:
         per = self.per_sample_bytes
         if cap is None or not per or per <= 0:
             return None
-        return max(
-            0, math.floor((cap - (self.fixed_bytes - fixed_freed)) / (per / per_sample_factor))
-        )
+        # A lever shrinks the activations, not the step's temporaries: those stay per sample.
+        per_sample = per / per_sample_factor + self.overhead_per_sample
+        return max(0, math.floor((cap - (self.fixed_bytes - fixed_freed)) / per_sample))
 
     @property
     def trainable_param_bytes(self) -> int:
@@ -196,6 +222,9 @@ class BudgetModel:
             "activations_per_sample_bytes": _round(self.per_sample_bytes),
             "current_batch": self.batch,
             "activation_bytes": _round(self.activation_bytes),
+            "device_outside_bytes": b.device_outside_bytes,
+            "device_peak_bytes": b.device_peak_bytes,
+            "overhead_bytes": _round(self.overhead_bytes),
             "predicted_at_current_bytes": _round(self.current_bytes),
             "capacity_bytes": _round(self.capacity_bytes),
             "capacity_source": self.capacity_source,
@@ -208,7 +237,11 @@ class BudgetModel:
 def capacity(budget: MemoryBudget, *, margin: float, batch: int | None) -> tuple[float | None, str]:
     """The memory this rank may use, and where that figure comes from (see the module doc)."""
     if budget.device_total_bytes:
-        return (1.0 - margin) * budget.device_total_bytes, "device total"
+        cap = (1.0 - margin) * budget.device_total_bytes
+        if budget.device_outside_bytes is None:
+            return cap, "device total (its CUDA context not measured)"
+        outside = budget.device_outside_bytes
+        return cap - outside, "device total less what the CUDA context and other processes hold"
     if budget.host_available_bytes is None:
         return None, "unknown"
     share = budget.host_available_bytes / max(1, budget.local_ranks)

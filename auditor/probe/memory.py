@@ -409,7 +409,7 @@ class MemoryMeter:
         self._act_queued = (act_bytes, act_batch)
         total = self._host.get("MemTotal")
         avail = self._host.get("MemAvailable")
-        device_total = self._device_total()
+        device_total, outside, peak = self._device_memory()
         # What a new message is sent for: not the time, nor small moves of free memory.
         key = (
             _signature(self._fixed),
@@ -417,7 +417,9 @@ class MemoryMeter:
             act_bytes,
             act_batch,
             device_total,
-            round(20 * avail / total) if avail is not None and total else None,
+            _coarse(outside, device_total),
+            _coarse(peak, device_total),
+            _coarse(avail, total),
         )
         budget = MemoryBudget(
             rank=self._rank(),
@@ -431,6 +433,8 @@ class MemoryMeter:
             activation_step=act_step,
             activations_every=self.activations_every,
             device_total_bytes=device_total,
+            device_outside_bytes=outside,
+            device_peak_bytes=peak,
             host_total_bytes=total,
             host_available_bytes=avail,
             local_ranks=_local_ranks(),
@@ -441,18 +445,30 @@ class MemoryMeter:
             self._pending = budget
         return budget
 
-    def _device_total(self) -> int | None:
+    def _device_memory(self) -> tuple[int | None, int | None, int | None]:
+        """The GPU's total, what it holds outside this process's caching allocator, and the
+        allocator's peak reserved bytes (None on CPU, or where torch cannot say). The peak is
+        never reset: that would change what the script itself reads."""
         dev = self._device()
         if not dev.startswith("cuda"):
-            return None
+            return None, None, None
         try:
-            index = int(dev.split(":", 1)[1]) if ":" in dev else None
             c = self.torch.cuda
-            return int(
-                c.get_device_properties(c.current_device() if index is None else index).total_memory
-            )
+            index = int(dev.split(":", 1)[1]) if ":" in dev else c.current_device()
+            total = int(c.get_device_properties(index).total_memory)
         except Exception:
-            return None
+            return None, None, None
+        outside = peak = None
+        try:
+            free, whole = c.mem_get_info(index)
+            outside = max(0, int(whole) - int(free) - int(c.memory_reserved(index)))
+        except Exception:
+            pass
+        try:
+            peak = int(c.max_memory_reserved(index)) or None
+        except Exception:
+            pass
+        return total, outside, peak
 
     def take(self) -> MemoryBudget | None:
         """The budget to send, if it changed since the last one (the flusher's call)."""
@@ -463,6 +479,11 @@ class MemoryMeter:
         """A new connection: the agent gets the latest budget again."""
         if self.latest is not None:
             self._pending = self.latest
+
+
+def _coarse(n: int | None, whole: int | None) -> int | None:
+    """``n`` in twentieths of ``whole``: what a budget is resent for (not every small move)."""
+    return round(20 * n / whole) if n is not None and whole else None
 
 
 def _signature(fixed: dict[str, Any]) -> tuple[Any, ...]:

@@ -56,9 +56,33 @@ def test_fixed_part_and_capacity_on_a_gpu() -> None:
     assert m.per_sample_bytes == 10 * MIB
     assert m.current_bytes == 480 * MIB
     assert m.capacity_bytes == pytest.approx(USABLE)
-    assert m.capacity_source == "device total"
+    assert m.capacity_source == "device total (its CUDA context not measured)"
     assert m.largest_batch() == math.floor(FREE / (10 * MIB)) == 52
     assert m.main_lever == "fixed"  # 400 MiB fixed against 80 MiB of activations
+
+
+def test_what_the_gpu_holds_outside_the_allocator_is_not_room_for_the_batch() -> None:
+    # 100 MiB of CUDA context (and whatever else the GPU holds beside this rank's allocator).
+    m = model_for(adam(device_outside_bytes=100 * MIB), batch=8, margin=0.1, world_size=1)
+    assert m.capacity_bytes == pytest.approx(USABLE - 100 * MIB)
+    assert m.capacity_source == "device total less what the CUDA context and other processes hold"
+    assert m.largest_batch() == math.floor((FREE - 100 * MIB) / (10 * MIB)) == 42
+    assert m.usable(GIB) == GIB - 100 * MIB
+
+
+def test_the_allocators_peak_beyond_the_tensors_grows_with_the_batch() -> None:
+    # The allocator peaked at 560 MiB where the tensors account for 480 MiB at batch 8: 80 MiB
+    # of temporaries and fragmentation, 10 MiB a sample, on top of 10 MiB of activations.
+    m = model_for(adam(device_peak_bytes=560 * MIB), batch=8, margin=0.1, world_size=1)
+    assert m.overhead_bytes == 80 * MIB
+    assert m.current_bytes == 560 * MIB  # the prediction at the current batch is the peak
+    assert m.largest_batch() == math.floor(FREE / (20 * MIB)) == 26
+    # Checkpointing shrinks the activations, not the temporaries.
+    per = 10 * MIB / CHECKPOINT_FACTOR + 10 * MIB
+    assert m.levers()["checkpointing"].largest_batch == math.floor(FREE / per)
+    # A peak below the model (it was measured before the batch grew) changes nothing.
+    low = model_for(adam(device_peak_bytes=300 * MIB), batch=8, margin=0.1, world_size=1)
+    assert low.overhead_bytes == 0 and low.largest_batch() == 52
 
 
 def test_capacity_on_a_cpu_job_is_the_ranks_share_of_the_host() -> None:

@@ -170,7 +170,7 @@ def _rank_fix(
     suggested: int | None = None
     basis = "unknown batch"
     if current is not None and budget is not None and budget.per_sample_bytes:
-        suggested = budget.largest_batch(target_bytes)
+        suggested = budget.largest_batch(budget.usable(target_bytes))
         basis = "measured budget: fixed part + batch x activations per sample"
     elif current is not None and fit is not None:
         suggested = fit.largest_batch(target_bytes)
