@@ -68,6 +68,13 @@ def device_source(text: str) -> str:
     raise ValueError(f"expected 'nvml' or 'recorded:<path>', got {text!r}")
 
 
+def _niceness(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise ValueError(f"niceness must be 0 to 19: {value}")
+    return value
+
+
 def _bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -122,6 +129,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option("--ray-temp-dir", "ray_temp_dir", "temp dir of the embedded Ray (default: Ray's)"),
     Option(
+        "--nice",
+        "nice",
+        "niceness the auditor's own processes take once the job has started (this process and "
+        "the Ray it starts), so that they never compete with the job for its cores (0: as "
+        "started)",
+        _niceness,
+        10,
+    ),
+    Option(
         "--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"
     ),
     Option(
@@ -153,6 +169,7 @@ class RunConfig:
     job: str | None = None
     grace: float = 10.0
     ray_temp_dir: str | None = None
+    nice: int = 10
     set: str | None = None
     no_ray: bool = False
     quiet: bool = False

@@ -139,6 +139,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     try:
         child.start()
         view.child_started()
+        _yield_to_the_job(cfg.nice, notes)
         view.stage(
             "starting the node agent"
             if cfg.no_ray
@@ -248,6 +249,19 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     else:
         print(render_verdict(report), file=out, flush=True)
     return exit_code
+
+
+def _yield_to_the_job(niceness: int, notes: list[str]) -> None:
+    """Lower this process's priority once the job has started at the one it was given: Ray's
+    start-up (several processes importing heavy modules) and the live loop then take only the
+    cores the job leaves idle. Every process the auditor starts from here on inherits it."""
+    if niceness <= 0:
+        return
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) < niceness:
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except OSError as exc:
+        notes.append(f"could not lower the auditor's priority ({exc.strerror or exc})")
 
 
 def _open_endpoint(cfg: RunConfig, job: str, node: str | None) -> RunEndpoint | None:

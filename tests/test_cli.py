@@ -133,6 +133,7 @@ def _value_for(opt: Option, tmp_path: Path) -> str:
         return f"from-{opt.env.lower()}"
     samples = {
         "_port": "4321",
+        "_niceness": "7",
         "_positive": "2.5",
         "_non_negative": "2.5",
         "_window": "2.5",

@@ -4,6 +4,7 @@ is left behind (ranks, DataLoader workers, Ray)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -131,6 +132,15 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     me = psutil.Process(proc.pid)
     tree = me.children(recursive=True)
     assert len(tree) >= 6, [p.name() for p in tree]  # torchrun, 2 ranks, workers, Ray
+    # The auditor yields to the job (--nice, 10 by default): it and its Ray run niced, the job
+    # at the priority it was started with.
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = {p.pid: (p.nice(), " ".join(p.cmdline())) for p in tree}
+    job = [n for n, cmd in nice.values() if script in cmd]
+    ray_side = [n for n, cmd in nice.values() if ray_dir in cmd]
+    assert len(job) >= 3 and len(ray_side) >= 2, nice
+    assert me.nice() == max(own, 10) and set(ray_side) == {max(own, 10)}, nice
+    assert set(job) == {own}, nice
     proc.send_signal(signal.SIGTERM)
     proc.stderr.read()
     code = proc.wait(timeout=60)
