@@ -27,12 +27,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from auditor.analysis.devices import IDLE_REASONS, DeviceStats
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.metrics import catalog as C
-from auditor.metrics.query import Series
 from auditor.samples import LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
+
+from .columns import GPU, RANK, Answer, as_vector, column, columns_by, optional
 
 _MHZ = 1e6
 
@@ -112,8 +114,7 @@ _GPU_MAXIMA = {
     "gpu_processes": C.GPU_PROCESSES,
 }
 
-Answers = Mapping[str, Sequence[Series]]
-RankKey = tuple[str, int]  # (job, rank)
+Answers = Mapping[str, Answer]
 
 
 @dataclass(frozen=True)
@@ -129,71 +130,72 @@ def running_jobs(answers: Answers, now: float, *, stale_after_s: float) -> dict[
     """Jobs with a rank whose latest ``auditor_rank_up`` is 1 and was scraped at most
     ``stale_after_s`` ago. A job whose ranks all ended, or whose endpoints stopped answering,
     is not running."""
-    seen = {_rank_key(s.labels): v for s in answers.get("rank_seen", ()) if (v := _value(s))}
-    jobs: dict[str, JobWindow] = {}
-    for s in answers.get("rank_up", ()):
-        key = _rank_key(s.labels)
-        if key is None:
-            continue
+    seen_answer = as_vector(answers.get("rank_seen"))
+    seen = {
+        key: v
+        for key, v in zip(RANK.all(seen_answer), seen_answer.values.tolist(), strict=True)
+        if v == v and v  # NaN or 0: never seen
+    }
+    up = as_vector(answers.get("rank_up"))
+    running: dict[str, bool] = {}
+    last_seen: dict[str, float] = {}
+    for key, value in zip(RANK.all(up), up.values.tolist(), strict=True):
         job = key[0]
+        if not job or _int(key[1]) is None:
+            continue
         at = seen.get(key, 0.0)
-        alive = _value(s) == 1 and now - at <= stale_after_s
-        prev = jobs.get(job)
-        jobs[job] = JobWindow(
-            job=job,
-            running=alive or (prev is not None and prev.running),
-            last_seen=max(at, prev.last_seen if prev else at),
-        )
-    return jobs
+        running[job] = running.get(job, False) or (value == 1 and now - at <= stale_after_s)
+        last_seen[job] = max(at, last_seen.get(job, at))
+    return {job: JobWindow(job, running[job], last_seen[job]) for job in running}
 
 
 def build_snapshots(
     answers: Answers, now: float, window_s: float, *, jobs: Iterable[str] | None = None
 ) -> dict[str, Snapshot]:
-    """One :class:`Snapshot` per job (``jobs``: only these), over ``(now - window_s, now]``."""
+    """One :class:`Snapshot` per job (``jobs``: only these), over ``(now - window_s, now]``.
+
+    Column-wise: the ranks are indexed once, every figure becomes one column over that index
+    (:mod:`.columns`), and the per-rank samples are built from the columns in one pass.
+    """
     wanted = None if jobs is None else set(jobs)
-    start = now - window_s
+    vec = {name: as_vector(answers.get(name)) for name in _RANK_ANSWERS}
 
-    def flat(name: str) -> dict[tuple[str, str], float]:
-        """``{(job, rank): value}`` of one answer (aggregated ``by (job, rank)``)."""
-        # Comprehensions, not loops: this runs once per series, ~10^5 times at 4,096 ranks.
-        return {
-            (s.labels.get("job", ""), s.labels.get("rank", "")): x
-            for s in answers.get(name, ())
-            if (x := s.samples[-1][1]) == x  # NaN: no answer
-            and (wanted is None or s.labels.get("job") in wanted)
-        }
-
-    def by_rank(name: str, sub: str) -> dict[tuple[str, str], dict[str, float]]:
-        """``{(job, rank): {value of label sub: value}}`` of one answer."""
-        out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-        for s in answers.get(name, ()):
-            labels = s.labels
-            job = labels.get("job")
-            value = s.samples[-1][1]
-            if job and (wanted is None or job in wanted) and value == value:
-                out[(job, labels.get("rank", ""))][labels.get(sub, "")] = value
-        return out
-
-    infos: dict[tuple[str, str], Mapping[str, str]] = {}
-    for s in answers.get("rank_info", ()):
-        job = s.labels.get("job")
-        if job and (wanted is None or job in wanted):
-            infos[(job, s.labels.get("rank", ""))] = s.labels
-    loaders = {
-        (s.labels.get("job", ""), s.labels.get("rank", "")): s.labels
-        for s in answers.get("loader_info", ())
+    # The ranks: every (job, rank) with an identity or a step count, in the jobs asked for.
+    infos: dict[Any, Mapping[str, str]] = {
+        key: labels
+        for key, labels in zip(RANK.all(vec["rank_info"]), vec["rank_info"].labels, strict=True)
+        if key[0] and (wanted is None or key[0] in wanted)
     }
-    config_workers = flat("config_workers")
-    up = flat("rank_up")
-    steps = flat("steps")
-    seconds = flat("step_seconds")
-    phases = by_rank("phase_seconds", "phase")
-    samples = flat("samples")
-    totals = flat("steps_total")
-    memory = by_rank("memory", "memory")
-    cpu = by_rank("cpu", "process")
-    workers = flat("workers")
+    counted = [
+        key
+        for key, n in zip(RANK.all(vec["steps"]), vec["steps"].values.tolist(), strict=True)
+        if n == n and (wanted is None or key[0] in wanted)
+    ]
+    ranked = sorted(
+        (key[0], number, key)
+        for key in dict.fromkeys([*infos, *counted])
+        if (number := _int(key[1])) is not None
+    )
+    index = {key: i for i, (_, _, key) in enumerate(ranked)}
+
+    def col(name: str) -> list[float | None]:
+        return optional(column(vec[name], index, RANK))
+
+    def by(name: str, sub: str) -> dict[str, list[float | None]]:
+        return {k: optional(c) for k, c in columns_by(vec[name], index, RANK, sub).items()}
+
+    loaders = dict(zip(RANK.all(vec["loader_info"]), vec["loader_info"].labels, strict=True))
+    config_workers = col("config_workers")
+    up = col("rank_up")
+    steps = col("steps")
+    seconds = col("step_seconds")
+    phases = by("phase_seconds", "phase")
+    samples = col("samples")
+    totals = col("steps_total")
+    memory = by("memory", "memory")
+    cpu = by("cpu", "process")
+    workers = col("workers")
+    none: list[float | None] = [None] * len(index)
 
     gpus = _gpu_stats(answers)
     owned: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
@@ -201,76 +203,84 @@ def build_snapshots(
         if owner_job and owner_rank:
             owned[(owner_job, owner_rank)].append((g.index, uuid))
     nodes = _nodes(answers, now)
+    configs: dict[tuple[object, ...], LoaderConfig] = {}
 
-    by_job: dict[str, list[tuple[int, tuple[str, str]]]] = defaultdict(list)
-    for key in set(infos) | set(steps):
-        rank_number = _int(key[1])
-        if rank_number is not None:
-            by_job[key[0]].append((rank_number, key))
-    out: dict[str, Snapshot] = {}
-    for job, keys in by_job.items():
-        views: list[RankView] = []
-        total: dict[int, int] = {}
-        hosts: set[str] = set()
-        for rank, key in sorted(keys):
-            info = _rank_info(
-                rank,
-                infos.get(key, {}),
-                loaders.get(key, {}),
-                config_workers.get(key),
-                sorted(owned.get(key, ())),
-                job,
+    by_job: dict[str, list[RankView]] = defaultdict(list)
+    totals_of: dict[str, dict[int, int]] = defaultdict(dict)
+    hosts_of: dict[str, set[str]] = defaultdict(set)
+    for i, (job, rank, key) in enumerate(ranked):
+        info = _rank_info(
+            rank,
+            infos.get(key, {}),
+            _loader(configs, loaders.get(key, {}), config_workers[i]),
+            sorted(owned.get(key, ())),
+            job,
+        )
+        hosts_of[job].add(info.host)
+        total = totals[i]
+        if total is not None:
+            totals_of[job][rank] = int(total)
+        mem = {k: c[i] for k, c in memory.items()}
+        step = _step(
+            rank,
+            now,
+            steps[i],
+            seconds[i],
+            {k: c[i] for k, c in phases.items()},
+            samples[i],
+            mem,
+        )
+        by_job[job].append(
+            RankView(
+                info=info,
+                steps=() if step is None else (step,),
+                cpu=_process_cpu(
+                    rank,
+                    now,
+                    cpu.get("main", none)[i],
+                    cpu.get("workers", none)[i],
+                    any(c[i] is not None for c in cpu.values()),
+                    workers[i],
+                    mem.get("rss"),
+                ),
+                ended=up[i] == 0,
             )
-            hosts.add(info.host)
-            if key in totals:
-                total[rank] = int(totals[key])
-            mem = memory.get(key, {})
-            step = _step(
-                rank,
-                now,
-                steps.get(key),
-                seconds.get(key),
-                phases.get(key, {}),
-                samples.get(key),
-                mem,
-            )
-            views.append(
-                RankView(
-                    info=info,
-                    steps=() if step is None else (step,),
-                    cpu=_process_cpu(rank, now, cpu.get(key, {}), workers.get(key), mem),
-                    ended=up.get(key) == 0,
-                )
-            )
-        out[job] = Snapshot(
+        )
+    return {
+        job: Snapshot(
             job=job,
-            start=start,
+            start=now - window_s,
             end=now,
             ranks=tuple(views),
-            nodes=_job_nodes(nodes, job, hosts),
+            nodes=_job_nodes(nodes, job, hosts_of[job]),
             gpus=tuple(
-                g for g, gjob, _ in gpus.values() if gjob == job or (not gjob and g.node in hosts)
+                g
+                for g, gjob, _ in gpus.values()
+                if gjob == job or (not gjob and g.node in hosts_of[job])
             ),
-            total_steps=total,
+            total_steps=totals_of[job],
         )
-    return out
+        for job, views in by_job.items()
+    }
 
+
+_RANK_ANSWERS = (
+    "rank_info",
+    "loader_info",
+    "config_workers",
+    "rank_up",
+    "steps",
+    "step_seconds",
+    "phase_seconds",
+    "samples",
+    "steps_total",
+    "memory",
+    "cpu",
+    "workers",
+)
 
 # ------------------------------------------------------------------------------------------------
 # ranks
-
-
-def _rank_key(labels: Mapping[str, str]) -> RankKey | None:
-    job = labels.get("job", "")
-    rank = _int(labels.get("rank"))
-    return None if not job or rank is None else (job, rank)
-
-
-def _value(s: Series) -> float | None:
-    last = s.last
-    if last is None or last[1] != last[1]:  # NaN: no answer for this series
-        return None
-    return last[1]
 
 
 def _int(text: str | None) -> int | None:
@@ -282,17 +292,24 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def _rank_info(
-    rank: int,
-    labels: Mapping[str, str],
+def _loader(
+    cache: dict[tuple[object, ...], LoaderConfig],
     loader: Mapping[str, str],
     workers: float | None,
-    devices: Sequence[tuple[int, str]],
-    job: str,
-) -> RankInfo:
-    config = None
-    if workers is not None:
-        config = LoaderConfig(
+) -> LoaderConfig | None:
+    """The rank's DataLoader settings; ranks with the same settings share one (frozen) object."""
+    if workers is None:
+        return None
+    key = (
+        workers,
+        loader.get("pin_memory"),
+        loader.get("prefetch_factor"),
+        loader.get("persistent_workers"),
+        loader.get("batch_size"),
+    )
+    config = cache.get(key)
+    if config is None:
+        config = cache[key] = LoaderConfig(
             num_workers=int(workers),
             pin_memory=loader.get("pin_memory") == "true",
             prefetch_factor=_int(loader.get("prefetch_factor")),
@@ -301,6 +318,16 @@ def _rank_info(
             drop_last=False,
             sampler="",
         )
+    return config
+
+
+def _rank_info(
+    rank: int,
+    labels: Mapping[str, str],
+    config: LoaderConfig | None,
+    devices: Sequence[tuple[int, str]],
+    job: str,
+) -> RankInfo:
     return RankInfo(
         rank=rank,
         world_size=_int(labels.get("world_size")) or 0,
@@ -320,25 +347,29 @@ def _step(
     now: float,
     n: float | None,
     dt: float | None,
-    phases: Mapping[str, float],
+    phases: Mapping[str, float | None],
     samples: float | None,
-    mem: Mapping[str, float],
+    mem: Mapping[str, float | None],
 ) -> StepSample | None:
     """The rank's mean step over the window (``n`` steps took ``dt`` seconds); None if no
     step finished in it."""
     if not n or n <= 0 or not dt or dt <= 0:
         return None
+
+    def per_step(phase: str) -> float:
+        return (phases.get(phase) or 0.0) / n
+
     wait = phases.get("collective_wait")
     return StepSample(
         rank=rank,
         step=0,
         time=now,
         step_s=dt / n,
-        data_wait_s=phases.get("data_wait", 0.0) / n,
-        h2d_s=phases.get("h2d", 0.0) / n,
-        forward_s=phases.get("forward", 0.0) / n,
-        backward_s=phases.get("backward", 0.0) / n,
-        optimizer_s=phases.get("optimizer", 0.0) / n,
+        data_wait_s=per_step("data_wait"),
+        h2d_s=per_step("h2d"),
+        forward_s=per_step("forward"),
+        backward_s=per_step("backward"),
+        optimizer_s=per_step("optimizer"),
         collective_wait_s=None if wait is None else wait / n,
         batch_size=None if samples is None else round(samples / n),
         rss_bytes=_bytes(mem.get("rss")),
@@ -357,14 +388,15 @@ def _bytes(value: float | None) -> int | None:
 def _process_cpu(
     rank: int,
     now: float,
-    cpu: Mapping[str, float],
+    main: float | None,
+    total: float | None,
+    seen: bool,
     workers: float | None,
-    mem: Mapping[str, float],
+    rss: float | None,
 ) -> tuple[ProcessCpu, ...]:
-    if not cpu:
+    if not seen:
         return ()
     n = round(workers or 0.0)
-    total = cpu.get("workers")
     # The endpoint exports the workers' sum; the rules read the sum and the count.
     each = () if not n or total is None else (total / n,) * n
     return (
@@ -372,9 +404,9 @@ def _process_cpu(
             rank=rank,
             time=now,
             pid=0,
-            main_cpu=cpu.get("main"),
+            main_cpu=main,
             worker_cpu=each,
-            rss_bytes=_bytes(mem.get("rss")),
+            rss_bytes=_bytes(rss),
         ),
     )
 
@@ -388,10 +420,10 @@ def _nodes(answers: Answers, now: float) -> dict[tuple[str, str], NodeCpu]:
     its node: such a node counts for each job with ranks there (see :func:`_job_nodes`)."""
     values: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for name in ("node_cores", "node_busy", "node_load", "node_samples"):
-        for s in answers.get(name, ()):
-            value = _value(s)
-            if value is not None:
-                values[(s.labels.get("job", ""), s.labels.get("node", ""))][name] = value
+        answer = as_vector(answers.get(name))
+        for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
+            if value == value:  # NaN: no answer
+                values[(labels.get("job", ""), labels.get("node", ""))][name] = value
     return {
         key: NodeCpu(
             host=key[1],
@@ -421,50 +453,31 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
     missing GPU must not read as an idle one.
     """
     identity: dict[str, Mapping[str, str]] = {}
-    for s in answers.get("gpu_up", ()):
-        uuid = s.labels.get("uuid", "")
+    for labels in as_vector(answers.get("gpu_up")).labels:
+        uuid = labels.get("uuid", "")
         # A GPU that changed owner in the window has a series per owner; an owner beats none.
-        if uuid and (uuid not in identity or s.labels.get("job")):
-            identity[uuid] = s.labels
-    # One {uuid: value} column per figure (a comprehension per answer, not a loop per series).
-    col = {
-        key: {
-            s.labels.get("uuid", ""): x
-            for s in answers.get(key, ())
-            if (x := s.samples[-1][1]) == x  # NaN: no answer
-        }
-        for key in (
-            "gpu_samples",
-            "gpu_first",
-            "gpu_last",
-            "gpu_lost",
-            "gpu_mem_trend",
-            "gpu_mem_recent",
-            *_GPU_MEDIANS,
-            *_GPU_MAXIMA,
-        )
-    }
+        if uuid and (uuid not in identity or labels.get("job")):
+            identity[uuid] = labels
+    index = {uuid: i for i, uuid in enumerate(identity)}
+    # One column over the GPUs per figure (None where Prometheus had none).
+    v = {key: optional(column(as_vector(answers.get(key)), index, GPU)) for key in _GPU_FIGURES}
     throttle: dict[str, dict[str, float]] = defaultdict(dict)
-    for s in answers.get("gpu_throttle", ()):
-        value = _value(s)
-        if value is not None:
-            throttle[s.labels.get("uuid", "")][s.labels.get("reason", "other")] = value
+    answer = as_vector(answers.get("gpu_throttle"))
+    for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
+        if value == value:
+            throttle[labels.get("uuid", "")][labels.get("reason", "other")] = value
     # GPUs whose driver reports reasons at all: the others' throttle share is unknown, not 0.
-    read = {s.labels.get("uuid", "") for s in answers.get("gpu_throttle_read", ())}
+    read = set(as_vector(answers.get("gpu_throttle_read")).label("uuid"))
 
     out: dict[str, tuple[DeviceStats, str, str]] = {}
-    samples_of = col["gpu_samples"]
-    for uuid, labels in identity.items():
-        answered = round(samples_of.get(uuid, 0.0))
+    for i, (uuid, labels) in enumerate(identity.items()):
+        answered = round(v["gpu_samples"][i] or 0.0)
         if answered <= 0:
             continue
-
-        # This GPU's figure of each column (None where Prometheus had none).
-        v = {key: c.get(uuid) for key, c in col.items()}
-        used = v["gpu_mem_used"]
-        total = v["gpu_mem_total"]
-        clock = v["gpu_sm_clock"]
-        clock_max = v["gpu_sm_clock_max"]
+        used = v["gpu_mem_used"][i]
+        total = v["gpu_mem_total"][i]
+        clock = v["gpu_sm_clock"][i]
+        clock_max = v["gpu_sm_clock_max"][i]
         reasons = {r: share for r, share in throttle.get(uuid, {}).items() if r not in IDLE_REASONS}
         ordered = tuple(sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r]))
         stats = DeviceStats(
@@ -473,29 +486,41 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
             index=_int(labels.get("gpu")) or 0,
             model=labels.get("model", ""),
             samples=answered,
-            lost=v["gpu_lost"] == 1,
-            span_s=max(0.0, (v["gpu_last"] or 0.0) - (v["gpu_first"] or 0.0)),
-            gpu_util=v["gpu_util"],
+            lost=v["gpu_lost"][i] == 1,
+            span_s=max(0.0, (v["gpu_last"][i] or 0.0) - (v["gpu_first"][i] or 0.0)),
+            gpu_util=v["gpu_util"][i],
             mem_used_bytes=used,
-            mem_used_max_bytes=_bytes(v["gpu_mem_used_max"]),
+            mem_used_max_bytes=_bytes(v["gpu_mem_used_max"][i]),
             mem_total_bytes=_bytes(total),
             mem_ratio=used / total if used is not None and total else None,
-            mem_trend_bytes_per_s=v["gpu_mem_trend"],
-            mem_recent_trend_bytes_per_s=v["gpu_mem_recent"],
+            mem_trend_bytes_per_s=v["gpu_mem_trend"][i],
+            mem_recent_trend_bytes_per_s=v["gpu_mem_recent"][i],
             sm_clock_mhz=None if clock is None else clock / _MHZ,
             sm_clock_max_mhz=None if clock_max is None else clock_max / _MHZ,
             sm_clock_ratio=clock / clock_max if clock is not None and clock_max else None,
             throttle_share=max(reasons.values(), default=0.0) if uuid in read else None,
             throttle_reasons=ordered,
-            temperature_c=v["gpu_temperature"],
-            power_w=v["gpu_power"],
-            power_limit_w=v["gpu_power_limit"],
-            pcie_gen=_bytes(v["gpu_pcie_gen"]),
-            pcie_gen_max=_bytes(v["gpu_pcie_gen_max"]),
-            pcie_width=_bytes(v["gpu_pcie_width"]),
-            pcie_width_max=_bytes(v["gpu_pcie_width_max"]),
-            process_count=_bytes(v["gpu_processes"]) or 0,
+            temperature_c=v["gpu_temperature"][i],
+            power_w=v["gpu_power"][i],
+            power_limit_w=v["gpu_power_limit"][i],
+            pcie_gen=_bytes(v["gpu_pcie_gen"][i]),
+            pcie_gen_max=_bytes(v["gpu_pcie_gen_max"][i]),
+            pcie_width=_bytes(v["gpu_pcie_width"][i]),
+            pcie_width_max=_bytes(v["gpu_pcie_width_max"][i]),
+            process_count=_bytes(v["gpu_processes"][i]) or 0,
             processes=(),
         )
         out[uuid] = (stats, labels.get("job", ""), labels.get("rank", ""))
     return out
+
+
+_GPU_FIGURES = (
+    "gpu_samples",
+    "gpu_first",
+    "gpu_last",
+    "gpu_lost",
+    "gpu_mem_trend",
+    "gpu_mem_recent",
+    *_GPU_MEDIANS,
+    *_GPU_MAXIMA,
+)

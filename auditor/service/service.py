@@ -26,9 +26,9 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.common import ready
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
-from auditor.metrics.query import PrometheusClient, PrometheusError, Series
+from auditor.metrics.query import PrometheusClient, PrometheusError, Vector
 
-from .promsnapshot import build_snapshots, queries, running_jobs
+from .promsnapshot import Answers, build_snapshots, queries, running_jobs
 
 log = logging.getLogger("auditor.serve")
 
@@ -100,7 +100,7 @@ def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> JobResult:
 
 
 def analyse_answers(
-    answers: Mapping[str, list[Series]],
+    answers: Answers,
     now: float,
     *,
     window_s: float,
@@ -128,7 +128,7 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 def _analyse(
-    answers: Mapping[str, list[Series]],
+    answers: Answers,
     now: float,
     window_s: float,
     stale_after_s: float,
@@ -215,12 +215,13 @@ class AuditService:
         with self._lock:
             return self._published
 
-    def fetch(self, now: float) -> dict[str, list[Series]]:
-        """Every answer of one evaluation, all evaluated at ``now`` (decoded with the cyclic
-        collector paused, as the analysis: some 10^5 series at 4,096 ranks)."""
+    def fetch(self, now: float) -> dict[str, Vector]:
+        """Every answer of one evaluation, all evaluated at ``now``, decoded column-wise
+        (with the cyclic collector paused, as the analysis: some 10^5 series at 4,096 ranks)."""
         with no_cyclic_gc():
             return {
-                key: self.client.query(expr, at=now) for key, expr in queries(self.window_s).items()
+                key: self.client.vector(expr, at=now)
+                for key, expr in queries(self.window_s).items()
             }
 
     def evaluate(self) -> Published:

@@ -333,3 +333,32 @@ def test_check_url_rejects_what_is_not_an_http_url_with_a_host(url: str) -> None
 def test_check_url_strips_the_trailing_slash(url: str, expected: str) -> None:
     assert check_url(url) == expected
     assert PrometheusClient(url).url == expected
+
+
+def test_vector_answers_come_column_wise() -> None:
+    """The service's path: labels as decoded, values parsed from Prometheus' strings."""
+
+    class Answer:
+        def __init__(self, payload: dict[str, Any]) -> None:
+            self._body = json.dumps(payload).encode()
+
+        def __enter__(self) -> Answer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def read(self) -> bytes:
+            return self._body
+
+    answers = [VECTOR, MATRIX]
+    client = PrometheusClient(
+        "http://prom.example:9090", opener=lambda r, t: Answer(answers.pop(0))
+    )
+    vector = client.vector("up")
+    assert vector.label("rank") == ["0", "1", "2"]
+    assert (
+        vector.values[0] == 0.25 and math.isnan(vector.values[1]) and vector.values[2] == math.inf
+    )
+    with pytest.raises(PrometheusError, match="expected a vector"):
+        client.vector("up[60s]")

@@ -290,28 +290,34 @@ def test_a_bug_in_the_analysis_is_logged_once_with_a_traceback(
     service = make_service(fake, clock)
     before = service.evaluate()
 
-    # A series with no sample at all: the snapshot builder cannot take its value.
-    fake.raw["steps"] = {
+    # A label that is not a string (Prometheus never sends one): the snapshot builder trips.
+    fake.raw["rank_info"] = {
         "status": "success",
         "data": {
-            "resultType": "matrix",
-            "result": [{"metric": {"job": "train", "rank": "0"}, "values": []}],
+            "resultType": "vector",
+            "result": [
+                {
+                    "metric": {"job": "train", "rank": "0", "world_size": ["2"]},
+                    "value": [T0, "1"],
+                }
+            ],
         },
     }
     for n in (1, 2):
         clock.t += 15.0
+        fake.answers = job_answers("train", clock.t)  # the job still runs
         published = service.evaluate()
         assert published.results is before.results
         assert published.health.prometheus_up is True  # Prometheus did answer
         assert published.health.consecutive_failures == n
         assert published.health.last_error is not None
-        assert published.health.last_error.startswith("IndexError(")
+        assert published.health.last_error.startswith("TypeError(")
     records = serve_records(caplog)
     assert [r.levelno for r in records] == [logging.ERROR, logging.INFO]
-    assert records[0].exc_info is not None and records[0].exc_info[0] is IndexError
+    assert records[0].exc_info is not None and records[0].exc_info[0] is TypeError
     assert records[1].exc_info is None
 
-    del fake.raw["steps"]
+    del fake.raw["rank_info"]
     clock.t += service.next_delay()
     fake.answers = job_answers("train", clock.t)
     published = service.evaluate()
