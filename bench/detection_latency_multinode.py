@@ -160,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="bmn-")
+    # Ray's Cluster writes the head's address under Ray's default temp root whatever temp_dir
+    # the nodes get; on a machine where Ray never ran that folder is missing: point the root
+    # here, where it exists and goes with the bench.
+    os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
+    os.environ["RAY_TMPDIR"] = temp
 
     def node(name: str) -> dict[str, Any]:
         return {
