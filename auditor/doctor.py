@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from auditor import __version__
+from auditor.configs import DoctorConfig
 from auditor.telemetry.nvml import Nvml, NvmlSource, NvmlUnavailableError
 
 SCHEMA = "auditor.doctor/v1"
@@ -348,3 +349,8 @@ def main(
         return 1
     print(text)
     return 0
+
+
+def doctor(cfg: DoctorConfig) -> int:
+    """``auditor doctor``: the report for ``cfg`` (see :func:`main`)."""
+    return main(json_output=cfg.json, prometheus_url=cfg.prometheus_url)

@@ -32,7 +32,7 @@ from auditor.cluster.launcher import (
     reap_descendants,
 )
 from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_address, start_agent
-from auditor.config import RunConfig
+from auditor.configs import RunConfig
 from auditor.liveview import LiveView, open_view
 from auditor.metrics.endpoint import RunEndpoint
 from auditor.report.json_report import write_report

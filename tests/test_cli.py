@@ -12,21 +12,12 @@ from typing import Any
 import pytest
 
 from auditor.cli import build_parser, main
-from auditor.config import (
-    DOCTOR_OPTIONS,
-    FLEET_OPTIONS,
-    RUN_OPTIONS,
-    SERVE_OPTIONS,
-    Option,
-    device_source,
-    fleet_config,
-    resolve,
-    run_config,
-    serve_config,
-)
-from auditor.metrics.commands import REPLAY_OPTIONS, replay_config
-from auditor.ops.commands import PUSH_OPTIONS, RENDER_OPTIONS
-from auditor.report.commands import (
+from auditor.cli.dashboards import PUSH_OPTIONS, RENDER_OPTIONS, push_config, render_config
+from auditor.cli.doctor import DOCTOR_OPTIONS, doctor_config
+from auditor.cli.fleet import FLEET_OPTIONS, fleet_config
+from auditor.cli.options import Option, device_source
+from auditor.cli.replay import REPLAY_OPTIONS, replay_config
+from auditor.cli.reports import (
     ANALYZE_OPTIONS,
     COMPARE_OPTIONS,
     REPORT_OPTIONS,
@@ -34,6 +25,8 @@ from auditor.report.commands import (
     compare_config,
     report_config,
 )
+from auditor.cli.run import RUN_OPTIONS, run_config
+from auditor.cli.serve import SERVE_OPTIONS, serve_config
 
 
 @pytest.mark.parametrize(
@@ -77,11 +70,11 @@ Build = Callable[[argparse.Namespace, Mapping[str, str]], Any]
 TWINS: dict[tuple[str, ...], tuple[tuple[Option, ...], Build]] = {
     ("run",): (RUN_OPTIONS, lambda ns, env: run_config(ns, ["true"], env)),
     ("fleet",): (FLEET_OPTIONS, fleet_config),
-    ("doctor",): (DOCTOR_OPTIONS, lambda ns, env: resolve(ns, DOCTOR_OPTIONS, env)),
+    ("doctor",): (DOCTOR_OPTIONS, doctor_config),
     ("serve",): (SERVE_OPTIONS, serve_config),
     ("replay",): (REPLAY_OPTIONS, replay_config),
-    ("dashboards", "render"): (RENDER_OPTIONS, lambda ns, env: resolve(ns, RENDER_OPTIONS, env)),
-    ("dashboards", "push"): (PUSH_OPTIONS, lambda ns, env: resolve(ns, PUSH_OPTIONS, env)),
+    ("dashboards", "render"): (RENDER_OPTIONS, render_config),
+    ("dashboards", "push"): (PUSH_OPTIONS, push_config),
     ("analyze",): (ANALYZE_OPTIONS, analyze_config),
     ("report",): (REPORT_OPTIONS, report_config),
     ("compare",): (COMPARE_OPTIONS, compare_config),
@@ -132,12 +125,12 @@ def _value_for(opt: Option, tmp_path: Path) -> str:
     if opt.type is str:
         return f"from-{opt.env.lower()}"
     samples = {
-        "_port": "4321",
-        "_niceness": "7",
-        "_positive": "2.5",
-        "_non_negative": "2.5",
-        "_window": "2.5",
-        "_url": "http://h:1",
+        "port": "4321",
+        "niceness": "7",
+        "positive": "2.5",
+        "non_negative": "2.5",
+        "finite_positive": "2.5",
+        "url": "http://h:1",
     }
     name = getattr(opt.type, "__name__", "")
     assert name in samples, f"{opt.flag}: no sample value for option type {name}"

@@ -1,4 +1,5 @@
-"""The operator-files commands: ``auditor dashboards render`` and ``auditor dashboards push``.
+"""The operator-files commands: ``auditor dashboards render`` and ``auditor dashboards push``
+(the CLI, :mod:`auditor.cli.dashboards`, builds the :class:`DashboardsConfig`).
 
 auditor dashboards render [--root DIR] [--check]
     write the generated dashboards, their provisioning and the Prometheus rules under DIR (the
@@ -14,110 +15,43 @@ Grafana failed (unreachable, 401/403, error answers); 2 a usage error or no toke
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 from urllib.parse import urlsplit
 
-from auditor.config import ConfigError, Option, add_options, resolve
-
-RENDER_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "--root",
-        "dashboards_root",
-        "repository root the files are written under (default: the current directory)",
-    ),
-    Option(
-        "--check",
-        "dashboards_check",
-        "write nothing; list the generated files that are missing or out of date, exit 1 if any",
-        str,
-        False,
-        True,
-    ),
-)
-
-PUSH_OPTIONS: tuple[Option, ...] = (
-    Option("--grafana-url", "grafana_url", "the Grafana to upload to, e.g. http://127.0.0.1:3000"),
-    Option(
-        "--folder",
-        "grafana_folder",
-        "Grafana folder for the dashboards (created if missing)",
-        str,
-        "GPU Balance Auditor",
-    ),
-    Option(
-        "--grafana-token-file",
-        "grafana_token_file",
-        "file holding the Grafana service-account token (otherwise AUDITOR_GRAFANA_TOKEN)",
-    ),
-)
+from auditor.configs import ConfigError, DashboardsConfig
 
 
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    """Adds ``dashboards render`` and ``dashboards push`` to the CLI's subparsers."""
-    dashboards = sub.add_parser(
-        "dashboards",
-        help="regenerate the Grafana dashboards and Prometheus rules, or upload the dashboards",
-        description="Grafana dashboards and Prometheus rules generated from code.",
-    )
-    inner = dashboards.add_subparsers(
-        dest="dashboards_cmd", metavar="ACTION", parser_class=type(dashboards)
-    )
-    render = inner.add_parser(
-        "render",
-        help="write dashboards/, its provisioning and deploy/prometheus/rules/",
-        description="Write the generated dashboards, provisioning files and Prometheus rules; "
-        "with --check, only list the ones that are out of date (exit 1 if any).",
-    )
-    add_options(render, RENDER_OPTIONS)
-    # No abbreviations: "--grafana-token SECRET" must be refused, not taken as an abbreviation
-    # of --grafana-token-file (and the secret then named as a missing file).
-    push = inner.add_parser(
-        "push",
-        allow_abbrev=False,
-        help="upload the dashboards to a Grafana",
-        description="Upload the dashboards into a Grafana folder, overwriting older versions. "
-        "The token comes from AUDITOR_GRAFANA_TOKEN or --grafana-token-file, never from the "
-        "command line.",
-    )
-    add_options(push, PUSH_OPTIONS)
-    # Caught so that it is refused with a message that does not repeat the value (argparse's
-    # "unrecognized arguments" would print the token back).
-    push.add_argument("--grafana-token", dest="grafana_token_argv", help=argparse.SUPPRESS)
-
-
-def dispatch(ns: argparse.Namespace) -> int | None:
-    """Runs ``ns.cmd`` if this module owns it; None otherwise."""
-    if ns.cmd != "dashboards":
-        return None
-    action = getattr(ns, "dashboards_cmd", None)
-    if action == "render":
-        return run_render(resolve(ns, RENDER_OPTIONS, os.environ))
-    if action == "push":
-        if getattr(ns, "grafana_token_argv", None) is not None:
-            raise ConfigError(
-                "--grafana-token is not accepted: a command line is visible to every user of the "
-                "machine; set AUDITOR_GRAFANA_TOKEN or use --grafana-token-file PATH"
-            )
-        return run_push(resolve(ns, PUSH_OPTIONS, os.environ), os.environ)
+def dashboards(
+    cfg: DashboardsConfig,
+    *,
+    env: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``auditor dashboards render|push``. ``env`` is where ``AUDITOR_GRAFANA_TOKEN`` is read
+    from when pushing (default: this process's environment)."""
+    if cfg.action == "render":
+        return render_files(cfg, out=out, err=err)
+    if cfg.action == "push":
+        return push_dashboards(cfg, os.environ if env is None else env, out=out, err=err)
     raise ConfigError("auditor dashboards needs an action: render or push")
 
 
-def run_render(
-    values: Mapping[str, Any], *, out: TextIO | None = None, err: TextIO | None = None
+def render_files(
+    cfg: DashboardsConfig, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     from auditor.ops.render import artifacts, render, stale
 
     out = out or sys.stdout
     err = err or sys.stderr
-    root = Path(values.get("dashboards_root") or ".")
+    root = Path(cfg.dashboards_root or ".")
     if not root.is_dir():
         raise ConfigError(f"--root: not a directory: {root}")
-    if values.get("dashboards_check"):
+    if cfg.dashboards_check:
         old = stale(root)
         for rel in old:
             print(rel, file=out)
@@ -140,8 +74,8 @@ def run_render(
     return 0
 
 
-def run_push(
-    values: Mapping[str, Any],
+def push_dashboards(
+    cfg: DashboardsConfig,
     env: Mapping[str, str],
     *,
     out: TextIO | None = None,
@@ -152,14 +86,14 @@ def run_push(
 
     out = out or sys.stdout
     err = err or sys.stderr
-    url = values.get("grafana_url")
+    url = cfg.grafana_url
     if not url:
         raise ConfigError("--grafana-url is required, e.g. --grafana-url http://127.0.0.1:3000")
     try:
-        token = read_token(values.get("grafana_token_file"), env)
+        token = read_token(cfg.grafana_token_file, env)
     except TokenError as exc:
         raise ConfigError(str(exc)) from None
-    folder = values.get("grafana_folder") or "GPU Balance Auditor"
+    folder = cfg.grafana_folder or "GPU Balance Auditor"
     try:
         pushed = push(url, token, [d.to_dict() for d in dashboards()], folder=folder)
     except PushError as exc:

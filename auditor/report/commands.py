@@ -1,15 +1,11 @@
 """The report commands: ``auditor analyze``, ``auditor report`` and ``auditor compare``.
 
-auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH]
-    re-run the rules on a recording (``auditor run --record``) and print the verdict
-auditor report INPUT --html PATH [--window S] [--set R.T=V,...] [--json]
-    write the self-contained HTML report of a recording (or of a JSON report)
-auditor compare BEFORE AFTER [--json]
-    two runs side by side (each a JSON report or a recording): the measured speed-up against the
-    one BEFORE's verdict predicted, and the findings that went, came or remain
-
-Every option also reads its ``AUDITOR_*`` twin (``AUDITOR_WINDOW``, ``AUDITOR_SET``,
-``AUDITOR_JSON``, ``AUDITOR_HTML``); the command line wins over the environment.
+:func:`analyze` re-runs the rules on a recording (``auditor run --record``) and prints the
+verdict; :func:`report` writes the self-contained HTML report of a recording (or of a JSON
+report); :func:`compare` puts two runs side by side (each a JSON report or a recording): the
+measured speed-up against the one BEFORE's verdict predicted, and the findings that went, came
+or remain. The CLI (:mod:`auditor.cli.reports`) builds their configs from argv and the
+``AUDITOR_*`` twins, and prints an :class:`InputError` as one ``auditor: error: ...`` line.
 
 Recordings are analysed the way the live run builds its final verdict: every sample in one
 :class:`SampleStore`, a snapshot ending at the newest sample, ``--window None`` (the whole run)
@@ -23,10 +19,8 @@ the rest is still analysed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +30,7 @@ from typing import Any, TextIO
 from auditor.analysis import SampleStore
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
-from auditor.config import ConfigError, Option, _bool, add_options, parse_overrides, resolve
+from auditor.configs import AnalysisConfig, CompareConfig
 from auditor.report.compare import compare_reports, render_compare
 from auditor.report.json_report import SCHEMA as REPORT_SCHEMA
 from auditor.report.json_report import validate_report
@@ -44,84 +38,6 @@ from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import SCHEMA as RECORDING_SCHEMA
 from auditor.telemetry.recorded import SCHEMAS as RECORDING_SCHEMAS
 from auditor.telemetry.recorded import RecordingError, read_recording
-
-COMMANDS = ("analyze", "report", "compare")
-
-
-def _window(text: str) -> float:
-    """Seconds of the recording to judge: a finite positive number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"must be positive: {text}")
-    return value
-
-
-_WINDOW = Option(
-    "--window",
-    "window",
-    "judge only the last WINDOW seconds of the recording (default: the whole run)",
-    _window,
-)
-_SET = Option(
-    "--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"
-)
-_JSON = Option("--json", "json", "print the report as JSON on stdout", _bool, False, True)
-
-ANALYZE_OPTIONS: tuple[Option, ...] = (
-    _WINDOW,
-    _SET,
-    _JSON,
-    Option("--html", "html", "also write the HTML report here"),
-)
-REPORT_OPTIONS: tuple[Option, ...] = (
-    Option("--html", "html", "write the HTML report here (required)"),
-    _WINDOW,
-    _SET,
-    _JSON,
-)
-COMPARE_OPTIONS: tuple[Option, ...] = (
-    Option("--json", "json", "print the comparison as JSON on stdout", _bool, False, True),
-)
-
-
-@dataclass(frozen=True)
-class AnalysisConfig:
-    """What ``auditor analyze`` and ``auditor report`` run with."""
-
-    input: str
-    html: str | None = None
-    window: float | None = None
-    set: str | None = None
-    json: bool = False
-    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    before: str
-    after: str
-    json: bool = False
-
-
-def analyze_config(ns: argparse.Namespace, env: Mapping[str, str]) -> AnalysisConfig:
-    values = resolve(ns, ANALYZE_OPTIONS, env)
-    return AnalysisConfig(
-        input=ns.recording, overrides=parse_overrides(values.get("set")), **values
-    )
-
-
-def report_config(ns: argparse.Namespace, env: Mapping[str, str]) -> AnalysisConfig:
-    values = resolve(ns, REPORT_OPTIONS, env)
-    if not values.get("html"):
-        raise ConfigError("--html is required: where to write the HTML report")
-    return AnalysisConfig(input=ns.input, overrides=parse_overrides(values.get("set")), **values)
-
-
-def compare_config(ns: argparse.Namespace, env: Mapping[str, str]) -> CompareConfig:
-    return CompareConfig(before=ns.before, after=ns.after, **resolve(ns, COMPARE_OPTIONS, env))
 
 
 class InputError(ValueError):
@@ -146,84 +62,13 @@ class Loaded:
 
 
 # --------------------------------------------------------------------------------------------
-# argparse
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    """Adds ``analyze``, ``report`` and ``compare`` to the CLI's subparsers."""
-    p = sub.add_parser(
-        "analyze",
-        help="re-run the rules on a recording and print the verdict",
-        usage="auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH]",
-        description="Re-run the rules on a recording made with 'auditor run --record' and print "
-        "the same verdict the live run prints. Unreadable lines are named and skipped.",
-    )
-    p.add_argument(
-        "recording", metavar="RECORDING", help="a recording (auditor.recording/v2 or v1)"
-    )
-    add_options(p, ANALYZE_OPTIONS)
-
-    p = sub.add_parser(
-        "report",
-        help="write the self-contained HTML report of a recording or a JSON report",
-        usage="auditor report INPUT --html PATH [--window S] [--set R.T=V,...] [--json]",
-        description="Write one self-contained HTML file (it opens offline) with the verdict, "
-        "per-rank fixes and plots. INPUT is a recording or a JSON report; a JSON report has "
-        "no samples over time, so its page shows the verdict and the step breakdown only.",
-    )
-    p.add_argument("input", metavar="INPUT", help="a recording or a JSON report")
-    add_options(p, REPORT_OPTIONS)
-
-    p = sub.add_parser(
-        "compare",
-        help="compare two runs: measured against predicted speed-up, findings gone or new",
-        usage="auditor compare BEFORE AFTER [--json]",
-        description="Compare two runs, each a JSON report or a recording: per-rank step time "
-        "and phase shares, findings that went, came or remain, and the measured speed-up "
-        "against the one BEFORE's findings predicted.",
-    )
-    p.add_argument("before", metavar="BEFORE", help="JSON report or recording of the first run")
-    p.add_argument("after", metavar="AFTER", help="JSON report or recording of the second run")
-    add_options(p, COMPARE_OPTIONS)
-
-
-def dispatch(
-    ns: argparse.Namespace,
-    *,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    env: Mapping[str, str] | None = None,
-) -> int | None:
-    """Runs ``ns.cmd`` if it is one of this module's commands; None otherwise. ``env`` holds
-    the ``AUDITOR_*`` twins (default: this process's environment)."""
-    cmd = getattr(ns, "cmd", None)
-    if cmd not in COMMANDS:
-        return None
-    out = out or sys.stdout
-    err = err or sys.stderr
-    env = os.environ if env is None else env
-    try:
-        if cmd == "analyze":
-            return cmd_analyze(analyze_config(ns, env), out, err)
-        if cmd == "report":
-            return cmd_report(report_config(ns, env), out, err)
-        return cmd_compare(compare_config(ns, env), out, err)
-    except (InputError, ConfigError) as exc:
-        print(f"auditor: error: {exc}", file=err)
-        return 2
-    except BrokenPipeError:
-        # The reader went away (``auditor analyze R | head``): nothing more to say.
-        if out is sys.stdout:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        return 0
-
-
-# --------------------------------------------------------------------------------------------
 # commands
 
 
-def cmd_analyze(cfg: AnalysisConfig, out: TextIO, err: TextIO) -> int:
+def analyze(cfg: AnalysisConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``auditor analyze``: the verdict of a recording; 1 if it holds no sample."""
+    out = out or sys.stdout
+    err = err or sys.stderr
     loaded = load_input(cfg.input, window=cfg.window, overrides=cfg.overrides, want="recording")
     _print_problems(loaded, err)
     if cfg.html:
@@ -232,8 +77,13 @@ def cmd_analyze(cfg: AnalysisConfig, out: TextIO, err: TextIO) -> int:
     return _status(loaded, err)
 
 
-def cmd_report(cfg: AnalysisConfig, out: TextIO, err: TextIO) -> int:
-    assert cfg.html is not None  # report_config requires it
+def report(cfg: AnalysisConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``auditor report``: the HTML report of a recording or a JSON report (``cfg.html`` is
+    required); 1 if a recording holds no sample."""
+    if cfg.html is None:
+        raise InputError("--html is required: where to write the HTML report")
+    out = out or sys.stdout
+    err = err or sys.stderr
     loaded = load_input(cfg.input, window=cfg.window, overrides=cfg.overrides)
     _print_problems(loaded, err)
     _write_html(cfg.html, loaded, err)
@@ -241,7 +91,10 @@ def cmd_report(cfg: AnalysisConfig, out: TextIO, err: TextIO) -> int:
     return _status(loaded, err)
 
 
-def cmd_compare(cfg: CompareConfig, out: TextIO, err: TextIO) -> int:
+def compare(cfg: CompareConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``auditor compare``: two runs side by side; 1 if a recording holds no sample."""
+    out = out or sys.stdout
+    err = err or sys.stderr
     before = load_input(cfg.before)
     after = load_input(cfg.after)
     for loaded in (before, after):
@@ -426,17 +279,3 @@ def _status(loaded: Loaded, err: TextIO) -> int:
         print(f"auditor: error: {loaded.path}: the recording holds no sample", file=err)
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """These commands on their own (``python -m auditor.report.commands``), for testing."""
-    parser = argparse.ArgumentParser(prog="auditor")
-    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
-    add_subcommands(sub)
-    ns = parser.parse_args(argv)
-    code = dispatch(ns)
-    return 2 if code is None else code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,14 +6,13 @@ auditor serve [--prometheus-url URL] [--host 127.0.0.1] [--port 9410] [--interva
 Runs until SIGINT or SIGTERM. A Prometheus that is down at start is not an error: the service
 keeps retrying with backoff and says so (a service must survive its dependencies starting after
 it). ``--once`` is for scripts and debugging: one evaluation, JSON on stdout, exit 1 if it failed.
+The CLI (:mod:`auditor.cli.serve`) builds the :class:`ServeConfig` and calls :func:`serve`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -21,30 +20,11 @@ import time
 from types import FrameType
 from typing import TextIO
 
-from auditor.config import SERVE_OPTIONS, ConfigError, ServeConfig, add_options, serve_config
+from auditor.configs import ConfigError, ServeConfig
 from auditor.metrics.query import PrometheusClient
 
 from .http import ServiceServer
 from .service import AuditService
-
-COMMANDS = ("serve",)
-
-
-def add_subcommands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="audit every running job from Prometheus and export the findings",
-        description="Query Prometheus for the auditor's node metrics, rebuild every running job's "
-        "snapshot over --window, run the same rules as 'auditor run' every --interval, and serve "
-        "the findings on /metrics and as JSON on /api/v1/findings.",
-    )
-    add_options(p, SERVE_OPTIONS)
-
-
-def dispatch(ns: argparse.Namespace) -> int | None:
-    if getattr(ns, "cmd", None) not in COMMANDS:
-        return None
-    return serve(serve_config(ns, os.environ))
 
 
 def make_service(cfg: ServeConfig) -> AuditService:

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from auditor.cli import main
+from auditor.cli.fleet import FLEET_OPTIONS
+from auditor.cli.options import device_source
 from auditor.cluster.agent import NodeAgentCore
 from auditor.cluster.fleet import node_name
 from auditor.cluster.monitor import GpuMonitorCore, discover_devices, pull_latest
 from auditor.cluster.runtime import InProcessAgent
-from auditor.config import FLEET_OPTIONS, device_source
 from auditor.files import write_text_atomic
 from auditor.samples import DeviceSample
 from auditor.telemetry.sources import RecordedDeviceSource

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.cli import build_parser, main
-from auditor.config import run_config
+from auditor.cli.run import run_config
 from tests.helpers.waiting import wait_for_service
 from tests.servers import Prometheus
 

@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.cli import build_parser, main
-from auditor.metrics.commands import replay_config
+from auditor.cli.replay import replay_config
 from auditor.metrics.exporter import make_registry
 from auditor.metrics.replay import (
     Replay,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from auditor.cli import main
-from auditor.ops.commands import PUSH_OPTIONS
+from auditor.cli.dashboards import PUSH_OPTIONS
 from auditor.ops.push import PushError, push
 from auditor.ops.render import dashboards
 

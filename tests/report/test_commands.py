@@ -12,7 +12,8 @@ import pytest
 
 from auditor.analysis import SampleStore
 from auditor.analysis.snapshot import WARMUP_STEPS
-from auditor.report.commands import add_subcommands, dispatch, load_input, sniff
+from auditor.cli.reports import add_subcommands, dispatch
+from auditor.report.commands import load_input, sniff
 from auditor.report.json_report import write_report
 from auditor.report.terminal import render_verdict
 from auditor.samples import Batch

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from auditor.config import parse_overrides
+from auditor.cli.options import parse_overrides
 from auditor.metrics.query import PrometheusClient
 from auditor.service.promsnapshot import build_snapshots
 from auditor.service.service import (

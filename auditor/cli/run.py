@@ -1,0 +1,121 @@
+"""``auditor run [options] -- COMMAND...``: a training job under the auditor."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from auditor.configs import RunConfig
+
+from .options import (
+    SET,
+    Option,
+    add_options,
+    boolean,
+    device_source,
+    niceness,
+    non_negative,
+    parse_overrides,
+    port,
+    positive,
+    resolve,
+)
+from .usage import UsageError
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option("--report", "report", "write the JSON report here (also when the job fails)"),
+    Option("--record", "record", "write every sample seen to this recording (JSON lines)"),
+    Option("--html", "html", "write a self-contained HTML report here"),
+    Option(
+        "--metrics-port",
+        "metrics_port",
+        "serve Prometheus metrics on this port (0: any free)",
+        port,
+    ),
+    Option(
+        "--metrics-host", "metrics_host", "address the metrics endpoint binds", str, "127.0.0.1"
+    ),
+    Option(
+        "--sd-file",
+        "sd_file",
+        "while the job runs, list its metrics endpoint in this Prometheus file_sd JSON (removed "
+        "when the run ends); without --metrics-port it implies --metrics-port 0 (any free port)",
+    ),
+    Option("--address", "address", "join this Ray cluster instead of starting a local one"),
+    Option(
+        "--device-source",
+        "device_source",
+        "where GPU samples come from: nvml, or recorded:PATH (a recording to replay)",
+        device_source,
+        "nvml",
+    ),
+    Option("--window", "window", "seconds of samples each live verdict looks at", positive, 10.0),
+    Option(
+        "--live-interval",
+        "live_interval",
+        "seconds between live table refreshes (0: off)",
+        non_negative,
+        1.0,
+    ),
+    Option("--job", "job", "job name used in metrics and the report (default: script name)"),
+    Option(
+        "--grace",
+        "grace",
+        "seconds between SIGTERM and SIGKILL when stopping the job",
+        positive,
+        10.0,
+    ),
+    Option("--ray-temp-dir", "ray_temp_dir", "temp dir of the embedded Ray (default: Ray's)"),
+    Option(
+        "--nice",
+        "nice",
+        "niceness the auditor's own processes take once the job has started (this process and "
+        "the Ray it starts), so that they never compete with the job for its cores (0: as "
+        "started)",
+        niceness,
+        10,
+    ),
+    SET,
+    Option(
+        "--no-ray",
+        "no_ray",
+        "run the node agent inside this process instead of a Ray actor",
+        boolean,
+        False,
+        True,
+    ),
+    Option("--quiet", "quiet", "no live table; only the verdict", boolean, False, True),
+    Option("--json", "json", "print the verdict as JSON on stdout", boolean, False, True),
+)
+
+
+def run_config(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> RunConfig:
+    values = resolve(ns, RUN_OPTIONS, env)
+    overrides = parse_overrides(values.get("set"))
+    if values.get("sd_file") and values.get("metrics_port") is None:
+        values["metrics_port"] = 0  # an SD file needs an endpoint to list: any free port
+    return RunConfig(command=tuple(command), overrides=overrides, **values)
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a training command under the auditor",
+        usage="auditor run [options] -- COMMAND [ARGS...]",
+        description="Run COMMAND (e.g. torchrun --nproc_per_node=2 train.py) with the probe in "
+        "every rank; print a live per-rank table and a verdict with per-rank fixes.",
+    )
+    add_options(p, RUN_OPTIONS)
+
+
+def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
+    if ns.cmd != "run":
+        return None
+    cfg = run_config(ns, command, env)
+    from auditor.cluster.launcher import LaunchError
+    from auditor.session import run
+
+    try:
+        return run(cfg)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None

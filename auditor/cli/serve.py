@@ -1,0 +1,89 @@
+"""``auditor serve``: audit every running job from Prometheus and export the findings."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from auditor.configs import ServeConfig
+
+from .options import (
+    SET,
+    Option,
+    add_options,
+    boolean,
+    parse_overrides,
+    port,
+    positive,
+    resolve,
+    url,
+)
+
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--prometheus-url",
+        "prometheus_url",
+        "the Prometheus server that scrapes the auditor's node endpoints",
+        url,
+        "http://127.0.0.1:9090",
+    ),
+    Option("--host", "host", "address the service's HTTP endpoint binds", str, "127.0.0.1"),
+    Option("--port", "port", "port of the service's HTTP endpoint (0: any free)", port, 9410),
+    Option("--interval", "interval", "seconds between evaluations", positive, 15.0),
+    Option("--window", "window", "seconds of samples each evaluation judges", positive, 60.0),
+    Option(
+        "--stale-after",
+        "stale_after",
+        "a job whose ranks' endpoints were last seen longer ago than this is not running "
+        "(default: max(30, window/2))",
+        positive,
+    ),
+    Option(
+        "--query-timeout",
+        "query_timeout",
+        "seconds each Prometheus query may take",
+        positive,
+        10.0,
+    ),
+    Option(
+        "--max-backoff",
+        "max_backoff",
+        "longest wait between retries while Prometheus is unreachable (seconds)",
+        positive,
+        60.0,
+    ),
+    SET,
+    Option(
+        "--once",
+        "once",
+        "evaluate once, print the jobs and findings as JSON on stdout and exit "
+        "(1 if Prometheus cannot be queried)",
+        boolean,
+        False,
+        True,
+    ),
+)
+
+
+def serve_config(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
+    values = resolve(ns, SERVE_OPTIONS, env)
+    return ServeConfig(overrides=parse_overrides(values.get("set")), **values)
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="audit every running job from Prometheus and export the findings",
+        description="Query Prometheus for the auditor's node metrics, rebuild every running job's "
+        "snapshot over --window, run the same rules as 'auditor run' every --interval, and serve "
+        "the findings on /metrics and as JSON on /api/v1/findings.",
+    )
+    add_options(p, SERVE_OPTIONS)
+
+
+def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
+    if ns.cmd != "serve":
+        return None
+    from auditor.service.commands import serve
+
+    return serve(serve_config(ns, env))

@@ -1,0 +1,141 @@
+"""What each command runs with: one frozen dataclass per command, built by :mod:`auditor.cli`
+from the command line and the ``AUDITOR_*`` environment (the command line wins).
+
+Plain data at the bottom of the layers: every layer may import it, and it imports no other
+auditor module, so no layer needs the command line's parser to get what it runs with.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+Overrides = dict[str, dict[str, Any]]
+
+
+class ConfigError(ValueError):
+    """A wrong option or value; the CLI prints it on one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """``auditor run``: :func:`auditor.session.run`."""
+
+    command: tuple[str, ...]
+    report: str | None = None
+    record: str | None = None
+    html: str | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    sd_file: str | None = None
+    address: str | None = None
+    device_source: str = "nvml"
+    window: float = 10.0
+    live_interval: float = 1.0
+    job: str | None = None
+    grace: float = 10.0
+    ray_temp_dir: str | None = None
+    nice: int = 10
+    set: str | None = None
+    no_ray: bool = False
+    quiet: bool = False
+    json: bool = False
+    overrides: Overrides = field(default_factory=dict)
+
+    @property
+    def job_name(self) -> str:
+        if self.job:
+            return self.job
+        script = next((a for a in self.command[1:] if a.endswith(".py")), self.command[0])
+        return os.path.splitext(os.path.basename(script))[0]
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """``auditor fleet``: :func:`auditor.cluster.commands.fleet`."""
+
+    address: str
+    device_source: str = "nvml"
+    sd_file: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port_base: int = 0
+    sample_interval: float = 1.0
+    watch_interval: float = 5.0
+    # None: the probe's default socket path; "none": no rank socket at all.
+    rank_sink: str | None = None
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    """``auditor doctor``: :func:`auditor.doctor.doctor`."""
+
+    json: bool = False
+    prometheus_url: str | None = None
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """``auditor serve``: :func:`auditor.service.commands.serve`."""
+
+    prometheus_url: str = "http://127.0.0.1:9090"
+    host: str = "127.0.0.1"
+    port: int = 9410
+    interval: float = 15.0
+    window: float = 60.0
+    stale_after: float | None = None
+    query_timeout: float = 10.0
+    max_backoff: float = 60.0
+    set: str | None = None
+    once: bool = False
+    overrides: Overrides = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """``auditor replay``: :func:`auditor.metrics.commands.replay`."""
+
+    recording: str
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9400
+    speed: float = 1.0
+    loop: bool = False
+    job: str | None = None
+    node: str | None = None
+    as_node: str | None = None
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """``auditor analyze`` and ``auditor report``: :func:`auditor.report.commands.analyze` and
+    :func:`auditor.report.commands.report`."""
+
+    input: str
+    html: str | None = None
+    window: float | None = None
+    set: str | None = None
+    json: bool = False
+    overrides: Overrides = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """``auditor compare``: :func:`auditor.report.commands.compare`."""
+
+    before: str
+    after: str
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class DashboardsConfig:
+    """``auditor dashboards render|push``: :func:`auditor.ops.commands.dashboards`. The Grafana
+    token is not here: it is read from ``AUDITOR_GRAFANA_TOKEN`` or the token file when pushing,
+    so that it is never held in (or printed with) a config."""
+
+    action: str  # "render" or "push"
+    dashboards_root: str | None = None
+    dashboards_check: bool = False
+    grafana_url: str | None = None
+    grafana_folder: str = "GPU Balance Auditor"
+    grafana_token_file: str | None = None
