@@ -6,8 +6,8 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.measures import fit_memory
 from auditor.analysis.rules import memory_headroom
-from auditor.analysis.rules.memory_headroom import fit_memory
 from tests.helpers.gpus import H100_TOTAL
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB

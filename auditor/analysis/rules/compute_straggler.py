@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 from ..advisor import fmt_ms, predicted_speedup
 from ..findings import Finding, severity_for
+from ..measures import PeerMedians, peer_median, ranks_text, ready, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats, collective_ops_ms, collective_ops_text
-from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _PHASES = ("h2d", "forward", "backward", "optimizer")
 

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 from ..findings import Finding
 from ..loading import IO, fair_share, loading_cost
+from ..measures import ranks_text, ready
 from ..snapshot import Snapshot
-from .common import ranks_text, ready
 
 
 def detect(

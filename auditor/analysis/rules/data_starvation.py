@@ -55,9 +55,9 @@ from ..loading import (
     host_available_bytes,
     loading_cost,
 )
+from ..measures import ranks_text, ready, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import ranks_text, ready, with_expectation
 
 _CHEAPER_CPU = (
     "make loading cheaper (cache decoded samples, lighter transforms, decode on the device)"

@@ -41,11 +41,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..advisor import fmt_ms, predicted_speedup
-from ..devices import DeviceStats, device_stats, gpu_owners, rank_gpus
+from ..devices import DeviceStats
 from ..findings import Finding, severity_for
+from ..measures import PeerMedians, measured_gpus, peer_median, ranks_text, ready, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
@@ -75,11 +75,8 @@ def detect(
     stats = ready(snapshot.stats, min_steps)
     if len(stats) < 2:
         return []
-    dstats = {
-        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
-    }
-    owners = gpu_owners(snapshot)
-    gpus_of = rank_gpus(owners)
+    dstats = measured_gpus(snapshot, min_samples)
+    gpus_of = snapshot.gpus_of
     modes = {v.info.rank: v.info.parallel_mode for v in snapshot.ranks}
     gpu: dict[int, DeviceStats] = {}
     for r in stats:

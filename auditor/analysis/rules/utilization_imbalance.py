@@ -34,11 +34,11 @@ import statistics
 from collections.abc import Sequence
 
 from ..advisor import fmt_pct, predicted_speedup
-from ..devices import DeviceStats, device_stats, gpu_owners
+from ..devices import DeviceStats
 from ..findings import Finding, severity_for
+from ..measures import peer_median, ranks_text, ready
 from ..snapshot import Snapshot
 from ..stats import collective_ops_ms, collective_ops_text
-from .common import peer_median, ranks_text, ready
 
 _CAUSES = (
     "hardware_straggler",
@@ -170,7 +170,7 @@ def detect(
         ordered = sorted(gpus.values(), key=lambda d: (d.node, d.index))
         evidence["gpu_busy_ratio"] = {d.uuid: round(gpu_busy[d.uuid], 3) for d in ordered}
         evidence["gpu_spread"] = round(gpu_spread, 3)
-        owners = gpu_owners(snapshot)
+        owners = snapshot.owners
         evidence["gpus"] = [d.ref for d in ordered if set(owners.get(d.uuid, ())) & set(blamed)]
         evidence["gpu_note"] = "NVML counts a rank waiting in an all-reduce as busy"
     # The cause carries the weight; the symptom stays one level below it.
@@ -193,12 +193,12 @@ def detect(
 
 def _job_gpus(snapshot: Snapshot, ranks: set[int], min_samples: int) -> dict[str, DeviceStats]:
     """The GPUs of the judged ranks with a measured utilisation (none: no NVML samples)."""
-    if not snapshot.devices and not snapshot.gpus:
+    if not snapshot.gpu_stats:
         return {}
-    owners = gpu_owners(snapshot)
+    owners = snapshot.owners
     return {
         u: d
-        for u, d in device_stats(snapshot).items()
+        for u, d in snapshot.gpu_stats.items()
         if not d.lost
         and d.samples >= min_samples
         and d.gpu_util is not None
