@@ -33,8 +33,12 @@ def import_graph() -> dict[str, set[str]]:
                     anchor = package.split(".")
                     anchor = anchor[: len(anchor) - (node.level - 1)]
                     base = ".".join([*anchor, base] if base else anchor)
-                # ``from pkg import mod`` imports the module pkg.mod where one exists.
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                # ``from pkg import mod`` imports the module pkg.mod where one exists (pkg itself
+                # is its parent, initialised first in any case); ``from pkg import name``: pkg.
+                subs = [f"{base}.{a.name}" for a in node.names]
+                targets = [m for m in subs if m in files]
+                if len(targets) < len(subs):
+                    targets.append(base)
             for target in targets:
                 # The deepest auditor module the name resolves to.
                 while target and target not in files:

@@ -34,7 +34,6 @@ the largest chunk, the rest of the step (data, scatter, gather) stays; a batch o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ..advisor import predicted_speedup
@@ -47,7 +46,6 @@ from ..stats import RankStats
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_ratio: float = 1.15,
 ) -> list[Finding]:

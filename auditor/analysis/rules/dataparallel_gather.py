@@ -55,7 +55,6 @@ SPEEDUP_NOTE = (
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_ratio: float = 1.25,

@@ -37,7 +37,7 @@ their peers' median local time, i.e. the GPU brought back to its peers' speed; n
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..advisor import fmt_ms, predicted_speedup
@@ -54,7 +54,6 @@ _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_throttle_share: float = 0.5,

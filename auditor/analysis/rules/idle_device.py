@@ -21,8 +21,6 @@ and the GPU itself, to work that uses it. One finding per idle GPU, ``warning``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ..devices import GIB, DeviceStats, fmt_gib
 from ..findings import Finding
 from ..snapshot import Snapshot
@@ -33,7 +31,6 @@ SPEEDUP_NOTE = "not predicted: nothing in the job waits for an idle GPU"
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     max_util: float = 0.02,

@@ -39,7 +39,7 @@ Speed-up: not predicted: whether a larger batch is faster depends on the GPU's s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 from typing import Any
 
 from ..budget import BudgetModel, fmt_bytes, host_short, levers_text, model_for, parts_text
@@ -60,7 +60,7 @@ MIXED_PRECISION_FACTOR = 2.0
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
+    pressured: Collection[int] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_r2: float = 0.8,
@@ -71,6 +71,8 @@ def detect(
     """Say how large a batch fits, where memory is underused or too tight.
 
     Args:
+        pressured: ranks memory_pressure blamed, left to it (the engine passes them,
+            :mod:`auditor.analysis.causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_samples: NVML samples a GPU needs in the window before it is judged.
         min_r2: least goodness of the ``a + b * batch`` fit that is trusted.
@@ -79,7 +81,6 @@ def detect(
         host_short: on a CPU job, host memory available below this share of its total is
             short (findings then warn; otherwise they stay ``info``).
     """
-    pressured = {r for f in prior if f.kind == "memory_pressure" for r in f.ranks}
     latest = {v.info.rank: _latest_batch(v) for v in snapshot.ranks}
     budgeted = budget_models(snapshot, margin=margin)
     findings: list[Finding] = _from_budgets(
@@ -247,7 +248,7 @@ def _where(model: BudgetModel) -> str:
 
 def _from_budgets(
     models: dict[int, BudgetModel],
-    pressured: set[int],
+    pressured: Collection[int],
     *,
     margin: float,
     underused: float,

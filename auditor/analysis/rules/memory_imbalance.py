@@ -18,8 +18,8 @@ does work the others do not. Two causes are told apart:
 
 DataParallel: one process drives every GPU, so the comparison is between the GPUs of that process.
 GPU 0 carrying the gathered outputs is the ``dataparallel_gather`` rule's; it emits its own
-``memory_imbalance`` finding through :func:`imbalance_finding`, and this rule skips the GPUs an
-earlier finding already named.
+``memory_imbalance`` finding (:func:`auditor.analysis.measures.imbalance_finding`), and the
+engine drops this rule's finding on the same GPU (:func:`auditor.analysis.causes.drop_repeats`).
 
 Measured budgets (the probe's, :class:`auditor.samples.MemoryBudget`): the ranks' parts are
 compared one by one (parameters, gradients, optimizer state, buffers, activations per step and
@@ -36,7 +36,7 @@ Speed-up: not predicted. Memory does not set the step time; it caps the batch. S
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..budget import fmt_bytes
@@ -79,7 +79,6 @@ SPEEDUP_NOTE = (
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_ratio: float = 1.5,
@@ -107,7 +106,6 @@ def detect(
     """
     findings = _detect_devices(
         snapshot,
-        prior=prior,
         min_steps=min_steps,
         min_samples=min_samples,
         min_ratio=min_ratio,
@@ -115,7 +113,7 @@ def detect(
         near_full=near_full,
         stray_share=stray_share,
     )
-    blamed = {r for f in (*prior, *findings) if f.kind == "memory_imbalance" for r in f.ranks}
+    blamed = {r for f in findings for r in f.ranks}
     findings.extend(
         _from_budgets(
             snapshot,
@@ -132,7 +130,6 @@ def detect(
 def _detect_devices(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding],
     min_steps: int,
     min_samples: int,
     min_ratio: float,
@@ -147,7 +144,6 @@ def _detect_devices(
     dstats = measured_gpus(snapshot, min_samples)
     owners = snapshot.owners
     gpus_of = snapshot.gpus_of
-    named = named_gpus(prior, "memory_imbalance")
     modes = {v.info.rank: v.info.parallel_mode for v in snapshot.ranks}
 
     findings: list[Finding] = []
@@ -158,8 +154,6 @@ def _detect_devices(
         mine = {u: dstats[u] for u in gpus_of.get(r, ()) if u in dstats}
         mem = {u: d.mem_used_bytes for u, d in mine.items() if d.mem_used_bytes is not None}
         for uuid, ratio in heavy(mem, min_ratio, min_extra_bytes).items():
-            if uuid in named:
-                continue
             ds = mine[uuid]
             peer = peer_median_bytes(mem, uuid)
             fix = (
@@ -198,8 +192,6 @@ def _detect_devices(
         strays = snapshot.strays
         for r, ratio in heavy(rank_mem, min_ratio, min_extra_bytes).items():
             uuid = single[r]
-            if uuid in named:
-                continue
             ds = dstats[uuid]
             peer = peer_median_bytes(rank_mem, r)
             excess = rank_mem[r] - peer
@@ -241,18 +233,6 @@ def _detect_devices(
     else:
         findings.extend(_from_probe(stats, modes, min_ratio, min_extra_bytes))
     return findings
-
-
-def named_gpus(prior: Sequence[Finding], kind: str) -> set[str]:
-    """UUIDs of the GPUs that earlier findings of ``kind`` already named."""
-    out: set[str] = set()
-    for f in prior:
-        if f.kind != kind:
-            continue
-        for g in f.evidence.get("gpus") or ():
-            if isinstance(g, dict) and g.get("uuid"):
-                out.add(str(g["uuid"]))
-    return out
 
 
 def _owner_fix(rank: int, ds: DeviceStats, mine: float, peer: float) -> str:

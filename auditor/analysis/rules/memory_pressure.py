@@ -33,7 +33,6 @@ Speed-up: not predicted: this prevents a crash, it does not change the step time
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from ..budget import BudgetModel, fmt_bytes, levers_text, model_for, parts_text
@@ -49,7 +48,6 @@ SPEEDUP_NOTE = "not predicted: prevents an out-of-memory crash, does not change 
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_ratio: float = 0.90,
