@@ -34,9 +34,7 @@ def test_listing_covers_every_rule_and_puts_explaining_rules_first() -> None:
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
-def test_shuffled_rules_give_identical_findings(
-    name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_shuffled_rules_give_identical_findings(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = [f.to_dict() for f in analyze(_snapshot(name))]
     names = list(RULES)
     orders = [names[::-1]] + [random.Random(seed).sample(names, len(names)) for seed in range(3)]
