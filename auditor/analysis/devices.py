@@ -23,21 +23,16 @@ the samples read before it was lost: it must never read as an idle GPU.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol
 
 from auditor.samples import DeviceSample, GpuProcess, RankInfo
-
-if TYPE_CHECKING:
-    from .snapshot import Snapshot
 
 GIB = 1024**3
 # Throttle (clock-event) reasons that say nothing about the GPU's health: an idle GPU lowers its
 # clocks by design.
 IDLE_REASONS = frozenset({"gpu_idle"})
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -164,25 +159,34 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
     return a, b, r2
 
 
-def device_stats(snapshot: Snapshot) -> dict[str, DeviceStats]:
-    """Per-GPU figures over the snapshot's window, keyed by UUID (computed once per snapshot)."""
-    return once(snapshot, "_device_stats", _device_stats)
+class Reduced(Protocol):
+    """What the snapshot-taking helpers below read: a snapshot's figures, reduced once
+    (:class:`auditor.analysis.snapshot.Snapshot`; a protocol so this module imports no snapshot)."""
+
+    @property
+    def gpu_stats(self) -> Mapping[str, DeviceStats]: ...
+
+    @property
+    def owners(self) -> Mapping[str, tuple[int, ...]]: ...
+
+    @property
+    def strays(self) -> Mapping[str, Mapping[int, int | None]]: ...
 
 
-def once(snapshot: Snapshot, key: str, compute: Callable[[Snapshot], _T]) -> _T:
-    """Memoise a derived figure on the (frozen, immutable) snapshot: every device rule asks for
-    the same stats and owners, and recomputing them per rule cost most of an evaluation."""
-    cache = snapshot.__dict__
-    if key not in cache:
-        cache[key] = compute(snapshot)
-    return cache[key]
+def device_stats(snapshot: Reduced) -> Mapping[str, DeviceStats]:
+    """Per-GPU figures over the snapshot's window, keyed by UUID (the snapshot's, computed once)."""
+    return snapshot.gpu_stats
 
 
-def _device_stats(snapshot: Snapshot) -> dict[str, DeviceStats]:
+def reduce_devices(
+    samples: Iterable[DeviceSample], given: Iterable[DeviceStats] = ()
+) -> dict[str, DeviceStats]:
+    """Per-GPU figures keyed by UUID: ``given`` (already reduced, e.g. by Prometheus) and the
+    reduction of ``samples`` (a GPU with samples takes their figures)."""
     by_uuid: dict[str, list[DeviceSample]] = {}
-    for d in snapshot.devices:
+    for d in samples:
         by_uuid.setdefault(d.uuid, []).append(d)
-    out = {g.uuid: g for g in snapshot.gpus}
+    out = {g.uuid: g for g in given}
     out.update(
         {uuid: _one_device(sorted(ds, key=lambda d: d.time)) for uuid, ds in by_uuid.items()}
     )
@@ -277,30 +281,33 @@ def _one_device(samples: list[DeviceSample]) -> DeviceStats:
     )
 
 
-def gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
-    """Every GPU (by UUID) mapped to the ranks on it (computed once per snapshot)."""
-    return once(snapshot, "_gpu_owners", _gpu_owners)
+def gpu_owners(snapshot: Reduced) -> Mapping[str, tuple[int, ...]]:
+    """Every GPU (by UUID) mapped to the ranks on it (the snapshot's, computed once)."""
+    return snapshot.owners
 
 
-def _gpu_owners(snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
+def owners_of(
+    infos: Sequence[RankInfo], samples: Sequence[DeviceSample], gpus: Iterable[DeviceStats] = ()
+) -> dict[str, tuple[int, ...]]:
     """Every GPU (by UUID) mapped to the ranks on it; ``()`` for a GPU no rank owns.
 
-    GPUs come from the device samples and from the ranks' own ``device_uuids`` (a rank may name a
-    GPU that was never sampled).
+    GPUs come from the device samples, the reduced ``gpus`` and the ranks' own ``device_uuids``
+    (a rank may name a GPU that was never sampled).
     """
-    infos = [v.info for v in snapshot.ranks]
-    owners: dict[str, set[int]] = {g.uuid: set() for g in snapshot.gpus}
-    owners.update({d.uuid: set() for d in snapshot.devices})
+    gpus = tuple(gpus)
+    owners: dict[str, set[int]] = {g.uuid: set() for g in gpus}
+    owners.update({d.uuid: set() for d in samples})
     for info in infos:
         for uuid in info.device_uuids:
             owners.setdefault(uuid, set()).add(info.rank)
-    index = {g.uuid: g.index for g in snapshot.gpus}
-    index.update({d.uuid: d.index for d in snapshot.devices})
-    seen = _pid_sightings(snapshot, [i for i in infos if not i.device_uuids])
-    for rank, sightings in seen.items():
-        info = next(i for i in infos if i.rank == rank)
-        for uuid in _owned_by_pid(info, sightings, index):
-            owners[uuid].add(rank)
+    unsaid = [i for i in infos if not i.device_uuids]
+    if unsaid and samples:
+        index = {g.uuid: g.index for g in gpus}
+        index.update({d.uuid: d.index for d in samples})
+        by_rank = {i.rank: i for i in unsaid}
+        for rank, sightings in _pid_sightings(samples, unsaid).items():
+            for uuid in _owned_by_pid(by_rank[rank], sightings, index):
+                owners[uuid].add(rank)
     return {uuid: tuple(sorted(rs)) for uuid, rs in owners.items()}
 
 
@@ -313,18 +320,25 @@ def rank_gpus(owners: Mapping[str, Sequence[int]]) -> dict[int, tuple[str, ...]]
     return {r: tuple(us) for r, us in out.items()}
 
 
-def stray_ranks(
-    snapshot: Snapshot, owners: Mapping[str, Sequence[int]] | None = None
+def stray_ranks(snapshot: Reduced) -> Mapping[str, Mapping[int, int | None]]:
+    """Ranks with a process on a GPU they do not own (the snapshot's, computed once)."""
+    return snapshot.strays
+
+
+def strays_of(
+    infos: Sequence[RankInfo],
+    samples: Sequence[DeviceSample],
+    owners: Mapping[str, Sequence[int]],
 ) -> dict[str, dict[int, int | None]]:
     """Ranks with a process on a GPU they do not own: ``{uuid: {rank: bytes held or None}}``.
 
     Typically a rank that touched ``cuda:0`` before ``torch.cuda.set_device`` (a context, or
     ``torch.load`` without ``map_location``), so the rank-0 GPU carries every rank's leftovers.
     """
-    owners = gpu_owners(snapshot) if owners is None else owners
-    infos = [v.info for v in snapshot.ranks if v.info.pid]
     out: dict[str, dict[int, int | None]] = {}
-    for rank, sightings in _pid_sightings(snapshot, infos).items():
+    if not samples:
+        return out
+    for rank, sightings in _pid_sightings(samples, [i for i in infos if i.pid]).items():
         for uuid, used in sightings.items():
             if rank not in owners.get(uuid, ()):
                 out.setdefault(uuid, {})[rank] = used
@@ -332,10 +346,10 @@ def stray_ranks(
 
 
 def _pid_sightings(
-    snapshot: Snapshot, infos: Sequence[RankInfo]
+    samples: Sequence[DeviceSample], infos: Sequence[RankInfo]
 ) -> dict[int, dict[str, int | None]]:
     """For each rank, the GPUs listing its PID on its host, with the most memory it held there."""
-    nodes = {d.node for d in snapshot.devices}
+    nodes = {d.node for d in samples}
     by_key: dict[tuple[str, int], RankInfo] = {}
     for info in infos:
         if not info.pid:
@@ -344,7 +358,7 @@ def _pid_sightings(
         host = info.host if info.host or len(nodes) != 1 else next(iter(nodes))
         by_key[(host, info.pid)] = info
     out: dict[int, dict[str, int | None]] = {}
-    for d in snapshot.devices:
+    for d in samples:
         for p in d.processes:
             found = by_key.get((d.node, p.pid))
             if found is None:

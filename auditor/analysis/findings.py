@@ -19,7 +19,15 @@ KINDS = (
     "cpu_oversubscription",
     "dataparallel_gather",
 )
+# The one severity order, least severe first: every place that ranks or sorts severities reads
+# it through severity_rank / finding_order below.
 SEVERITIES = ("info", "warning", "critical")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def severity_rank(severity: object) -> int:
+    """A severity's place in :data:`SEVERITIES`; anything else (a foreign JSON's) ranks as info."""
+    return SEVERITY_RANK.get(severity, 0) if isinstance(severity, str) else 0
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class Finding:
 
     @property
     def severity_level(self) -> int:
-        return SEVERITIES.index(self.severity)
+        return SEVERITY_RANK[self.severity]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,3 +95,8 @@ def severity_for(
     if speedup is None or speedup < warning_at:
         return "info"
     return "critical" if speedup >= critical_at else "warning"
+
+
+def finding_order(f: Finding) -> tuple[int, float]:
+    """Sort key: most severe first, then the largest predicted speed-up."""
+    return (-f.severity_level, -(f.predicted_speedup or 1.0))

@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from auditor.samples import (
     Batch,
@@ -24,10 +23,8 @@ from auditor.samples import (
     StepSample,
 )
 
+from .devices import DeviceStats, owners_of, rank_gpus, reduce_devices, strays_of
 from .stats import RankStats, rank_stats
-
-if TYPE_CHECKING:
-    from .devices import DeviceStats
 
 
 @dataclass(frozen=True)
@@ -47,9 +44,14 @@ class RankView:
         return sum(s.count for s in self.steps)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Snapshot:
-    """Rank and node samples over ``[start, end]`` (wall-clock seconds)."""
+    """Rank and node samples over ``[start, end]`` (wall-clock seconds), and what the rules read:
+    the samples reduced once (``stats``, ``gpu_stats``, ``owners``, ...).
+
+    Not frozen: the reductions are ``cached_property``s, computed on first use and kept. Nothing
+    else changes a snapshot once built.
+    """
 
     job: str
     start: float
@@ -60,7 +62,7 @@ class Snapshot:
     devices: tuple[DeviceSample, ...] = ()
     # Per-GPU figures over the window computed elsewhere, for GPUs with no samples above: the
     # operator path has Prometheus compute them (quantile_over_time, deriv, ...) instead of
-    # shipping every sample. :func:`auditor.analysis.devices.device_stats` serves both alike.
+    # shipping every sample. Rules read neither field: both reach them as ``gpu_stats``.
     gpus: tuple[DeviceStats, ...] = ()
     # Total steps seen per rank over the whole run, not only the window (for the report).
     total_steps: dict[int, int] = field(default_factory=dict)
@@ -69,6 +71,27 @@ class Snapshot:
     def stats(self) -> dict[int, RankStats]:
         """Per-rank robust statistics over the window, computed once per snapshot."""
         return {view.info.rank: rank_stats(view) for view in self.ranks}
+
+    @cached_property
+    def gpu_stats(self) -> dict[str, DeviceStats]:
+        """Per-GPU figures over the window by UUID, one shape for both paths: the raw samples
+        reduced here (live path) and the figures Prometheus reduced (``gpus``, serve)."""
+        return reduce_devices(self.devices, self.gpus)
+
+    @cached_property
+    def owners(self) -> dict[str, tuple[int, ...]]:
+        """Every GPU (by UUID) mapped to the ranks that own it (see :mod:`.devices`)."""
+        return owners_of([v.info for v in self.ranks], self.devices, self.gpus)
+
+    @cached_property
+    def gpus_of(self) -> dict[int, tuple[str, ...]]:
+        """Each rank's GPUs (UUIDs): the inverse of ``owners``."""
+        return rank_gpus(self.owners)
+
+    @cached_property
+    def strays(self) -> dict[str, dict[int, int | None]]:
+        """Ranks with a process on a GPU they do not own: ``{uuid: {rank: bytes or None}}``."""
+        return strays_of([v.info for v in self.ranks], self.devices, self.owners)
 
     @property
     def world_size(self) -> int:

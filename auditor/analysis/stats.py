@@ -13,12 +13,23 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from auditor.samples import LoaderConfig, StepSample
+from auditor.samples import LoaderConfig, ProcessCpu, RankInfo, StepSample
 
-if TYPE_CHECKING:
-    from .snapshot import RankView
+
+class RankSamples(Protocol):
+    """One rank's samples in a window (:class:`auditor.analysis.snapshot.RankView`; a protocol
+    so this module imports no snapshot, which imports it)."""
+
+    @property
+    def info(self) -> RankInfo: ...
+
+    @property
+    def steps(self) -> Sequence[StepSample]: ...
+
+    @property
+    def cpu(self) -> Sequence[ProcessCpu]: ...
 
 
 @dataclass(frozen=True)
@@ -189,7 +200,7 @@ def _ops_median(steps: Sequence[StepSample], cap: float) -> dict[str, float] | N
     }
 
 
-def rank_stats(view: RankView) -> RankStats:
+def rank_stats(view: RankSamples) -> RankStats:
     steps = view.steps
     if len(steps) == 1:
         return _one_sample_stats(view, steps[0])
@@ -218,7 +229,7 @@ def rank_stats(view: RankView) -> RankStats:
     )
 
 
-def _one_sample_stats(view: RankView, s: StepSample) -> RankStats:
+def _one_sample_stats(view: RankSamples, s: StepSample) -> RankStats:
     """A window of one sample (``auditor serve`` rebuilds each rank's window as its mean): its
     figures are the medians. The same values as the general path, without its per-field
     median machinery, which cost most of the rules' time at 4,096 ranks."""
@@ -252,7 +263,7 @@ def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _cpu_stats(view: RankView) -> dict[str, Any]:
+def _cpu_stats(view: RankSamples) -> dict[str, Any]:
     """The rank's CPU figures over the window: means of the node agent's samples."""
     cpu = view.cpu
     main = [c.main_cpu for c in cpu if c.main_cpu is not None]

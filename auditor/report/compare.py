@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
-from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.findings import SEVERITIES, severity_rank
 from auditor.report.terminal import VERDICT_WIDTH, fmt_ms, ranks_text, table, wrap
 
 SCHEMA = "auditor.compare/v1"
@@ -146,7 +146,7 @@ def diff_findings(
 
     def order(e: Mapping[str, Any]) -> tuple[int, str, list[int]]:
         sev = e.get("severity_before", e.get("severity"))
-        lvl = SEVERITIES.index(sev) if sev in SEVERITIES else 0
+        lvl = severity_rank(sev)
         return (-lvl, str(e["kind"]), list(e["ranks"]))
 
     return sorted(gone, key=order), sorted(new, key=order), sorted(remain, key=order)
@@ -382,7 +382,7 @@ def _level(f: Mapping[str, Any]) -> int:
 
 
 def _sev_level(sev: Any) -> int:
-    return SEVERITIES.index(sev) if sev in SEVERITIES else 0
+    return severity_rank(sev)
 
 
 def _speed(f: Mapping[str, Any]) -> float | None:

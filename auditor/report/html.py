@@ -42,7 +42,7 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
 from auditor.analysis.budget import fmt_bytes
-from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.findings import SEVERITIES, severity_rank
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.files import write_text_atomic
 from auditor.report.terminal import (
@@ -691,8 +691,7 @@ def fixes_by_rank(
 
 
 def _severity_rank(severity: str) -> int:
-    order = ("info", "warning", "critical")
-    return order.index(severity) if severity in order else 0
+    return severity_rank(severity)
 
 
 def _plot_section(key: str, title: str, present: bool, missing: str) -> str:
@@ -890,7 +889,7 @@ def _report_ranks(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def _level(f: Mapping[str, Any]) -> int:
     sev = f.get("severity")
-    return SEVERITIES.index(sev) if sev in SEVERITIES else 0
+    return severity_rank(sev)
 
 
 def _sorted_findings(findings: Sequence[Any]) -> list[Mapping[str, Any]]:

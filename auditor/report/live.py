@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from auditor.analysis.findings import SEVERITIES, Finding
+from auditor.analysis.findings import SEVERITIES, Finding, finding_order
 from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import RankStats
 from auditor.report.terminal import (
@@ -93,7 +93,7 @@ def steps_per_s(stats: dict[int, RankStats]) -> float | None:
 def serious(findings: Sequence[Finding]) -> list[Finding]:
     """Findings at warning or above, most severe and largest speed-up first."""
     fs = [f for f in findings if f.severity_level >= WARNING]
-    return sorted(fs, key=lambda f: (-f.severity_level, -(f.predicted_speedup or 1.0)))
+    return sorted(fs, key=finding_order)
 
 
 def blamed(findings: Sequence[Finding]) -> dict[int, Finding]:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from auditor.analysis.budget import fmt_bytes
-from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.findings import SEVERITIES, severity_rank
 
 MISSING = "-"
 PENDING = "..."
@@ -349,7 +349,7 @@ def _unmeasured(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[str, ...
 
 def _level(f: Mapping[str, Any]) -> int:
     sev = f.get("severity")
-    return SEVERITIES.index(sev) if sev in SEVERITIES else 0
+    return severity_rank(sev)
 
 
 def _speedup(f: Mapping[str, Any]) -> float:

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from auditor.analysis.findings import finding_order
 from auditor.metrics import catalog as C
 from auditor.metrics.exporter import SeriesSet, add_findings, registry_for
 
@@ -66,7 +67,7 @@ def findings_document(published: Published, now: float) -> dict[str, Any]:
     results = published.results
     ordered = sorted(
         ((r, f) for r in results.values() for f in r.findings),
-        key=lambda rf: (-rf[1].severity_level, -(rf[1].predicted_speedup or 1.0), rf[0].job),
+        key=lambda rf: (*finding_order(rf[1]), rf[0].job),
     )
     return {
         **_meta(published, now),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.common import ready
+from auditor.analysis.measures import ready
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
 from auditor.metrics.query import PrometheusClient, PrometheusError, Vector

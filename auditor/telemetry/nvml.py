@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from auditor.samples import DeviceSample, GpuProcess
-from auditor.telemetry.sources import DeviceIdentity
+from auditor.telemetry.identity import DeviceIdentity
 
 log = logging.getLogger(__name__)
 

@@ -14,24 +14,16 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from auditor.samples import DeviceSample
+from auditor.telemetry.identity import DeviceIdentity
 from auditor.telemetry.recorded import Recording, read_recording
 
 log = logging.getLogger(__name__)
 
 RECORDED_PREFIX = "recorded:"
-
-
-@dataclass(frozen=True)
-class DeviceIdentity:
-    """A physical GPU as the node sees it: NVML index, UUID (the stable name), model."""
-
-    index: int
-    uuid: str
-    model: str = ""
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ import pytest
 
 from auditor.analysis.advisor import comm_floor, fmt_ms, fmt_pct, job_step_s, predicted_speedup
 from auditor.analysis.findings import Finding, severity_for
-from auditor.analysis.rules.common import peer_median, ranks_text, ready, with_expectation
+from auditor.analysis.measures import peer_median, ranks_text, ready, with_expectation
 from auditor.analysis.stats import RankStats
 from tests.helpers.jobs import JobBuilder, RankSpec
 

@@ -103,7 +103,7 @@ def _oversubscription(ranks: tuple[int, ...]) -> Finding:
 
 def test_saturated_host_with_prior_oversubscription_does_not_raise_workers() -> None:
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=16, busy_cores=16)})
-    f = _only(data_starvation.detect(snap, prior=(_oversubscription((3,)),)))
+    f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((3,)).ranks))
     assert f.ranks == (3,)
     assert "num_workers 2 ->" not in f.fixes[3]
     assert "no free CPU" in f.fixes[3]
@@ -111,7 +111,7 @@ def test_saturated_host_with_prior_oversubscription_does_not_raise_workers() -> 
 
 def test_prior_oversubscription_of_another_rank_does_not_block_the_raise() -> None:
     snap = ddp_snapshot(starved_rank3())
-    f = _only(data_starvation.detect(snap, prior=(_oversubscription((5,)),)))
+    f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((5,)).ranks))
     assert _new_workers(f.fixes[3], 2) == 7
 
 

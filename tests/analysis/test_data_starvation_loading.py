@@ -281,9 +281,9 @@ def test_prior_oversubscription_does_not_block_io_bound_workers() -> None:
     prior = Finding(
         kind="cpu_oversubscription", severity="warning", ranks=(1,), summary="host saturated"
     )
-    f = _only(data_starvation.detect(snap, prior=(prior,)))
+    f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
     assert _new_workers(f.fixes[1]) == 3
     # CPU-bound loading on the same flagged host gets no worker even where one core is idle.
     snap = _starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)
-    f = _only(data_starvation.detect(snap, prior=(prior,)))
+    f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
     assert f.fixes[1].startswith("no free CPU on this host"), f.fixes[1]

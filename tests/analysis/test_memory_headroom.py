@@ -6,8 +6,8 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.measures import fit_memory
 from auditor.analysis.rules import memory_headroom
-from auditor.analysis.rules.memory_headroom import fit_memory
 from tests.helpers.gpus import H100_TOTAL
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB
@@ -109,7 +109,7 @@ def test_nvml_only_fit_recovers_the_model() -> None:
 def test_memory_pressure_ranks_are_left_to_it() -> None:
     snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
     prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,), summary="x"),)
-    f = _only(memory_headroom.detect(snap, prior=prior))
+    f = _only(memory_headroom.detect(snap, pressured=prior[0].ranks))
     assert f.ranks == (1,)
 
 

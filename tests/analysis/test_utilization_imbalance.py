@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from auditor.analysis import analyze
+from auditor.analysis import analyze, causes
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import (
     batch_split,
@@ -43,10 +43,11 @@ def _only(findings: list[Finding], kind: str) -> Finding:
 
 
 def _prior(snap: Snapshot) -> tuple[Finding, ...]:
-    out: list[Finding] = []
+    found: dict[str, list[Finding]] = {}
     for rule in (cpu_oversubscription, data_starvation, batch_split, compute_straggler):
-        out.extend(rule.detect(snap, prior=tuple(out)))
-    return tuple(out)
+        name = rule.__name__.rpartition(".")[2]
+        found[name] = rule.detect(snap, **causes.inputs(name, found))
+    return causes.candidate_causes(f for fs in found.values() for f in fs)
 
 
 @pytest.mark.parametrize(
@@ -96,11 +97,11 @@ def test_without_a_cause_it_blames_the_slow_rank_and_asks_to_profile() -> None:
 
 def test_cause_is_taken_from_prior_findings_passed_in() -> None:
     snap = ddp_snapshot(busy_90_50(BIG_BATCH, 1))
-    f = utilization_imbalance.detect(snap, prior=_prior(snap))[0]
+    f = utilization_imbalance.detect(snap, causes=_prior(snap))[0]
     assert f.cause == "batch_split"
     # A prior finding about other ranks is not a cause.
     other = Finding(kind="compute_straggler", severity="warning", ranks=(3,), summary="x")
-    f = utilization_imbalance.detect(snap, prior=(other,))[0]
+    f = utilization_imbalance.detect(snap, causes=(other,))[0]
     assert f.cause is None
     assert f.ranks == (1,)
 

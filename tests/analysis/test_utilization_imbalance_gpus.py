@@ -51,7 +51,7 @@ def test_equal_waits_and_no_cause_stay_silent() -> None:
 def test_the_cause_alone_attributes_when_waits_do_not_differ_enough() -> None:
     snap = with_gpus(starved_rank3(), STARVED_UTILS)
     prior = tuple(data_starvation.detect(snap))
-    (f,) = utilization_imbalance.detect(snap, prior=prior, min_wait_gap=0.99)
+    (f,) = utilization_imbalance.detect(snap, causes=prior, min_wait_gap=0.99)
     assert (f.ranks, f.cause) == ((3,), "data_starvation")
     assert utilization_imbalance.detect(snap, min_wait_gap=0.99) == []
 

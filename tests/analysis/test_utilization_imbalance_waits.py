@@ -93,7 +93,7 @@ def test_without_the_starvation_finding_the_least_waiting_rank_is_still_blamed()
     plain = utilization_imbalance.detect(snap)
     assert [(f.ranks, f.cause) for f in plain] == [((0,), None)]
     with_cause = utilization_imbalance.detect(
-        snap, prior=tuple(f for f in analyze(snap) if f.kind == "data_starvation")
+        snap, causes=tuple(f for f in analyze(snap) if f.kind == "data_starvation")
     )
     assert [(f.ranks, f.cause) for f in with_cause] == [((1,), "data_starvation")]
 

@@ -1,13 +1,13 @@
-"""One module per finding kind. Each exposes ``detect(snapshot, *, prior, **thresholds)``.
+"""One module per finding kind. Each exposes ``detect(snapshot, **thresholds)``.
 
-Rules are pure: a snapshot in, findings out; no I/O, no clock, no globals. ``prior`` holds the
-findings of the rules that ran before, so a symptom (``utilization_imbalance``) can name the
-cause that explains it instead of guessing again.
+Rules are pure: a snapshot in, findings out; no I/O, no clock, no globals, no other rule's
+module or findings. Where another rule's conclusion matters, the engine's cause-linking step
+(:mod:`auditor.analysis.causes`) hands it over as a keyword input; the order here is immaterial.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..findings import Finding
@@ -28,15 +28,9 @@ from . import (
 
 
 class Rule(Protocol):
-    def __call__(
-        self, snapshot: Snapshot, *, prior: Sequence[Finding] = (), **thresholds: Any
-    ) -> list[Finding]: ...
+    def __call__(self, snapshot: Snapshot, **thresholds: Any) -> list[Finding]: ...
 
 
-# Causes first, symptoms last: utilization_imbalance links to the cause found before it.
-# hardware_straggler runs before compute_straggler (a slow GPU is the more specific cause);
-# dataparallel_gather before memory_imbalance (which skips the GPUs it already named);
-# memory_pressure before memory_headroom (which leaves the ranks pressure blamed to it).
 RULES: dict[str, Callable[..., list[Finding]]] = {
     "cpu_oversubscription": cpu_oversubscription.detect,
     "data_starvation": data_starvation.detect,

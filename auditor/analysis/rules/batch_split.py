@@ -34,22 +34,18 @@ the largest chunk, the rest of the step (data, scatter, gather) stays; a batch o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ..advisor import predicted_speedup
-from ..devices import device_stats, gpu_owners, rank_gpus
 from ..findings import Finding, severity_for
+from ..measures import dp_gpu_order, ranks_text, ready, torch_chunks, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import ranks_text, ready, with_expectation
-from .dataparallel_gather import dp_gpu_order, torch_chunks
 
 
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_ratio: float = 1.15,
 ) -> list[Finding]:
@@ -201,9 +197,8 @@ def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]
 
 def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Finding]:
     """Uneven ``torch.chunk`` scatters of DataParallel ranks (see the module docstring)."""
-    dstats = device_stats(snapshot)
-    owners = gpu_owners(snapshot)
-    gpus_of = rank_gpus(owners)
+    dstats = snapshot.gpu_stats
+    gpus_of = snapshot.gpus_of
     findings: list[Finding] = []
     for view in snapshot.ranks:
         info = view.info

@@ -20,13 +20,13 @@ a rank whose host is oversubscribed by its own DataLoader workers is left to
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection
 
 from ..advisor import fmt_ms, predicted_speedup
 from ..findings import Finding, severity_for
+from ..measures import PeerMedians, peer_median, ranks_text, ready, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats, collective_ops_ms, collective_ops_text
-from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _PHASES = ("h2d", "forward", "backward", "optimizer")
 
@@ -34,7 +34,7 @@ _PHASES = ("h2d", "forward", "backward", "optimizer")
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
+    explained: Collection[int] = (),
     min_steps: int = 8,
     min_excess: float = 1.25,
     min_gap_ratio: float = 0.10,
@@ -42,6 +42,9 @@ def detect(
     """Find ranks that compute slower than their peers and make them wait.
 
     Args:
+        explained: ranks whose slowness another finding explains (their own DataLoader
+            workers oversubscribing the host, a throttled or slower GPU): not judged here. The
+            engine passes them (:mod:`auditor.analysis.causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_excess: compute per sample relative to the peers' median that counts as slow.
         min_gap_ratio: the rank's extra local time must be at least this share of the step.
@@ -54,10 +57,7 @@ def detect(
     waits = {r: s.collective_wait_s for r, s in stats.items()}
     step = statistics.median(s.step_s for s in stats.values())
 
-    # Ranks whose slowness an earlier finding already explains: their own DataLoader workers
-    # oversubscribing the host, or a throttled / slower GPU.
-    explained = ("cpu_oversubscription", "hardware_straggler")
-    contended = {r for f in prior if f.kind in explained for r in f.ranks}
+    contended = set(explained)
     blamed: dict[int, dict[str, float]] = {}
     cps_of_peers = PeerMedians(per_sample)
     local_of_peers = PeerMedians(local)

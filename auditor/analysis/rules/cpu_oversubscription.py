@@ -27,18 +27,16 @@ when the workers outnumber the free cores ``severe_ratio`` times or more, else `
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from ..findings import Finding
 from ..loading import IO, fair_share, loading_cost
+from ..measures import ranks_text, ready
 from ..snapshot import Snapshot
-from .common import ranks_text, ready
 
 
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_host_busy: float = 0.85,
     margin: float = 1.25,

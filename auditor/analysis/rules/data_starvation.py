@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..advisor import fmt_ms, fmt_pct, predicted_speedup
@@ -55,9 +55,9 @@ from ..loading import (
     host_available_bytes,
     loading_cost,
 )
+from ..measures import ranks_text, ready, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import ranks_text, ready, with_expectation
 
 _CHEAPER_CPU = (
     "make loading cheaper (cache decoded samples, lighter transforms, decode on the device)"
@@ -71,7 +71,7 @@ _CHEAPER_IO = (
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
+    oversubscribed: Collection[int] = (),
     min_steps: int = 8,
     min_wait_ratio: float = 0.15,
     min_wait_s: float = 0.002,
@@ -85,6 +85,8 @@ def detect(
     """Find starved ranks.
 
     Args:
+        oversubscribed: ranks on a host cpu_oversubscription found saturated: no more
+            CPU-bound workers for them (the engine passes them, :mod:`auditor.analysis.causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_wait_ratio: data wait as a share of the step that counts as starved (0.15 = 15%).
         min_wait_s: smallest median wait per step that counts, in seconds.
@@ -115,7 +117,6 @@ def detect(
     )
     # The pace the job would keep without data stalls: the slowest rank's own work.
     job_pace = max(_work_s(s) for r, s in stats.items() if r not in blind)
-    oversubscribed = {r for f in prior if f.kind == "cpu_oversubscription" for r in f.ranks}
     fed = [s.data_wait_s for r, s in stats.items() if r not in starved]
     residual = statistics.median(fed) if fed else 0.0
 

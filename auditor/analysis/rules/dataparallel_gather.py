@@ -36,18 +36,14 @@ threads, which nothing here measures.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from auditor.samples import RankInfo
-
-from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners, rank_gpus
+from ..devices import DeviceStats, fmt_gib
 from ..findings import Finding
+from ..measures import dp_gpu_order, imbalance_finding, measured_gpus, ready, torch_chunks
 from ..snapshot import Snapshot
-from .common import ready
-from .memory_imbalance import imbalance_finding
 
 PLACEHOLDER_SCRIPT = "train.py"
 SPEEDUP_NOTE = (
@@ -59,7 +55,6 @@ SPEEDUP_NOTE = (
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_ratio: float = 1.25,
@@ -78,11 +73,9 @@ def detect(
         script: the training script for the torchrun command (None: placeholder ``train.py``).
     """
     stats = ready(snapshot.stats, min_steps)
-    dstats = {
-        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
-    }
-    owners = gpu_owners(snapshot)
-    gpus_of = rank_gpus(owners)
+    dstats = measured_gpus(snapshot, min_samples)
+    owners = snapshot.owners
+    gpus_of = snapshot.gpus_of
     findings: list[Finding] = []
     for view in snapshot.ranks:
         info = view.info
@@ -167,38 +160,6 @@ def detect(
             )
         )
     return findings
-
-
-def dp_gpu_order(
-    info: RankInfo, owned: Sequence[str], dstats: Mapping[str, DeviceStats]
-) -> list[str]:
-    """A DataParallel rank's GPUs in ``device_ids`` order: the primary first.
-
-    The rank's own ``device_uuids`` give the order; without them its GPUs are ordered by node
-    and NVML index (CUDA's default order on a node of identical GPUs).
-    """
-    if info.device_uuids:
-        return list(info.device_uuids)
-
-    def key(u: str) -> tuple[str, int, str]:
-        d = dstats.get(u)
-        return (d.node, d.index, u) if d else ("", 1 << 30, u)
-
-    return sorted(owned, key=key)
-
-
-def torch_chunks(batch: int, n: int) -> list[int]:
-    """Chunk sizes of ``torch.chunk`` (DataParallel's scatter): ``ceil(batch / n)`` each, the last
-    smaller; fewer than ``n`` chunks when the batch is small, the missing GPUs get nothing."""
-    if batch <= 0 or n <= 0:
-        return [0] * max(n, 0)
-    size = math.ceil(batch / n)
-    out: list[int] = []
-    left = batch
-    while left > 0 and len(out) < n:
-        out.append(min(size, left))
-        left -= out[-1]
-    return out + [0] * (n - len(out))
 
 
 def balanced_chunks(batch: int, n: int, primary_ratio: float) -> list[int] | None:

@@ -37,15 +37,15 @@ their peers' median local time, i.e. the GPU brought back to its peers' speed; n
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..advisor import fmt_ms, predicted_speedup
-from ..devices import DeviceStats, device_stats, gpu_owners, rank_gpus
+from ..devices import DeviceStats
 from ..findings import Finding, severity_for
+from ..measures import PeerMedians, measured_gpus, peer_median, ranks_text, ready, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
-from .common import PeerMedians, peer_median, ranks_text, ready, with_expectation
 
 _THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
@@ -54,7 +54,6 @@ _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_throttle_share: float = 0.5,
@@ -75,11 +74,8 @@ def detect(
     stats = ready(snapshot.stats, min_steps)
     if len(stats) < 2:
         return []
-    dstats = {
-        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
-    }
-    owners = gpu_owners(snapshot)
-    gpus_of = rank_gpus(owners)
+    dstats = measured_gpus(snapshot, min_samples)
+    gpus_of = snapshot.gpus_of
     modes = {v.info.rank: v.info.parallel_mode for v in snapshot.ranks}
     gpu: dict[int, DeviceStats] = {}
     for r in stats:

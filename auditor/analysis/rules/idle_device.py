@@ -21,9 +21,7 @@ and the GPU itself, to work that uses it. One finding per idle GPU, ``warning``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from ..devices import GIB, DeviceStats, device_stats, fmt_gib, gpu_owners, stray_ranks
+from ..devices import GIB, DeviceStats, fmt_gib
 from ..findings import Finding
 from ..snapshot import Snapshot
 
@@ -33,7 +31,6 @@ SPEEDUP_NOTE = "not predicted: nothing in the job waits for an idle GPU"
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     max_util: float = 0.02,
@@ -50,10 +47,10 @@ def detect(
     steps = [v.step_count for v in snapshot.ranks]
     if snapshot.ranks and max(steps, default=0) < min_steps:
         return []
-    owners = gpu_owners(snapshot)
-    strays = stray_ranks(snapshot, owners)
+    owners = snapshot.owners
+    strays = snapshot.strays
     findings: list[Finding] = []
-    stats = device_stats(snapshot)
+    stats = snapshot.gpu_stats
     for uuid, d in sorted(stats.items(), key=lambda kv: (kv[1].node, kv[1].index)):
         if d.lost or d.samples < min_samples or d.gpu_util is None or d.gpu_util > max_util:
             continue

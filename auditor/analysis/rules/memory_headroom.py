@@ -39,27 +39,17 @@ Speed-up: not predicted: whether a larger batch is faster depends on the GPU's s
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any
-
-from auditor.samples import DeviceSample
 
 from ..budget import BudgetModel, fmt_bytes, host_short, levers_text, model_for, parts_text
 from ..devices import (
     DeviceStats,
-    device_stats,
     fmt_gib,
-    gpu_owners,
-    linear_fit,
-    once,
-    rank_gpus,
 )
 from ..findings import Finding
+from ..measures import rank_memory_fits, ranks_text
 from ..snapshot import RankView, Snapshot
-from .common import ranks_text, ready
 
 SPEEDUP_NOTE = "not predicted: a larger batch is faster only while the GPU is not saturated"
 # Gradient checkpointing commonly allows 4-10x larger batches; the conservative end is used.
@@ -67,142 +57,10 @@ CHECKPOINT_FACTOR = 4.0
 MIXED_PRECISION_FACTOR = 2.0
 
 
-@dataclass(frozen=True)
-class MemoryFit:
-    """``memory = fixed + per_sample * batch (+ overhead)`` for one rank."""
-
-    rank: int
-    fixed_bytes: float
-    per_sample_bytes: float
-    r2: float
-    points: int
-    batches: tuple[int, ...]
-    source: str
-    # NVML's peak minus the fitted allocator peak (context, cache); 0 where not measured.
-    overhead_bytes: float = 0.0
-
-    def predict(self, batch: float) -> float:
-        return self.fixed_bytes + self.per_sample_bytes * batch + self.overhead_bytes
-
-    def largest_batch(self, budget: float, per_sample_factor: float = 1.0) -> int | None:
-        """The largest batch whose predicted memory stays within ``budget``."""
-        per = self.per_sample_bytes / per_sample_factor
-        if per <= 0:
-            return None
-        return max(0, math.floor((budget - self.fixed_bytes - self.overhead_bytes) / per))
-
-    def evidence(self) -> dict[str, Any]:
-        return {
-            "fixed_bytes": round(self.fixed_bytes),
-            "per_sample_bytes": round(self.per_sample_bytes),
-            "r2": round(self.r2, 4),
-            "points": self.points,
-            "batch_sizes": list(self.batches),
-            "source": self.source,
-            "overhead_bytes": round(self.overhead_bytes),
-        }
-
-
-def fit_memory(
-    view: RankView, gpu: DeviceStats | None, samples: Sequence[DeviceSample] = ()
-) -> MemoryFit | None:
-    """Fit ``a + b * batch`` for one rank; None without two distinct batch sizes.
-
-    ``gpu`` and ``samples`` are the rank's (heaviest) GPU and its NVML samples, if any.
-    """
-    sized = [s for s in view.steps if s.batch_size]
-    for field in ("mem_peak_bytes", "mem_allocated_bytes"):
-        pts = [
-            (float(s.batch_size or 0), float(v))
-            for s in sized
-            if (v := getattr(s, field)) is not None
-        ]
-        fit = _fit(view.info.rank, pts, f"probe {field}")
-        if fit is not None:
-            if gpu is not None and gpu.mem_used_max_bytes is not None:
-                top = max(b for b, _ in pts)
-                gap = gpu.mem_used_max_bytes - fit.predict(top)
-                if gap > 0:
-                    fit = _with_overhead(fit, gap)
-            return fit
-    if not samples or not sized:
-        return None
-    ordered = sorted(sized, key=lambda s: s.time)
-    ends = [s.time for s in ordered]
-    matched: list[tuple[float, float]] = []
-    for d in samples:
-        if d.mem_used_bytes is None or d.lost:
-            continue
-        i = bisect.bisect_left(ends, d.time)
-        if i >= len(ordered) or (i == 0 and d.time < ends[0] - ordered[0].step_s):
-            continue  # before the first step or after the last: no batch in progress
-        matched.append((float(ordered[i].batch_size or 0), float(d.mem_used_bytes)))
-    return _fit(view.info.rank, matched, "nvml mem_used_bytes")
-
-
-def _fit(rank: int, pts: Sequence[tuple[float, float]], source: str) -> MemoryFit | None:
-    batches = sorted({round(b) for b, _ in pts})
-    if len(batches) < 2:
-        return None
-    fit = linear_fit([b for b, _ in pts], [m for _, m in pts])
-    if fit is None:
-        return None
-    a, b, r2 = fit
-    return MemoryFit(rank, a, b, r2, len(pts), tuple(batches), source)
-
-
-def _with_overhead(fit: MemoryFit, overhead: float) -> MemoryFit:
-    return MemoryFit(
-        fit.rank,
-        fit.fixed_bytes,
-        fit.per_sample_bytes,
-        fit.r2,
-        fit.points,
-        fit.batches,
-        fit.source,
-        overhead,
-    )
-
-
-def rank_memory_fits(
-    snapshot: Snapshot, *, min_steps: int, min_samples: int
-) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
-    """Each ready rank's fit and its (heaviest) GPU; shared with ``memory_pressure`` (computed
-    once per snapshot and thresholds)."""
-    return once(
-        snapshot,
-        f"_memory_fits_{min_steps}_{min_samples}",
-        lambda snap: _rank_memory_fits(snap, min_steps=min_steps, min_samples=min_samples),
-    )
-
-
-def _rank_memory_fits(
-    snapshot: Snapshot, *, min_steps: int, min_samples: int
-) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
-    stats = ready(snapshot.stats, min_steps)
-    dstats = {
-        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
-    }
-    gpus_of = rank_gpus(gpu_owners(snapshot))
-    samples_of: dict[str, list[DeviceSample]] = {}
-    for d in snapshot.devices:
-        samples_of.setdefault(d.uuid, []).append(d)
-    out: dict[int, tuple[MemoryFit | None, DeviceStats | None]] = {}
-    for view in snapshot.ranks:
-        r = view.info.rank
-        if r not in stats:
-            continue
-        mine = [dstats[u] for u in gpus_of.get(r, ()) if u in dstats]
-        gpu = max(mine, key=lambda d: d.mem_used_max_bytes or 0, default=None)
-        samples = samples_of.get(gpu.uuid, []) if gpu is not None else []
-        out[r] = (fit_memory(view, gpu, samples), gpu)
-    return out
-
-
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
+    pressured: Collection[int] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_r2: float = 0.8,
@@ -213,6 +71,8 @@ def detect(
     """Say how large a batch fits, where memory is underused or too tight.
 
     Args:
+        pressured: ranks memory_pressure blamed, left to it (the engine passes them,
+            :mod:`auditor.analysis.causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_samples: NVML samples a GPU needs in the window before it is judged.
         min_r2: least goodness of the ``a + b * batch`` fit that is trusted.
@@ -221,7 +81,6 @@ def detect(
         host_short: on a CPU job, host memory available below this share of its total is
             short (findings then warn; otherwise they stay ``info``).
     """
-    pressured = {r for f in prior if f.kind == "memory_pressure" for r in f.ranks}
     latest = {v.info.rank: _latest_batch(v) for v in snapshot.ranks}
     budgeted = budget_models(snapshot, margin=margin)
     findings: list[Finding] = _from_budgets(
@@ -389,7 +248,7 @@ def _where(model: BudgetModel) -> str:
 
 def _from_budgets(
     models: dict[int, BudgetModel],
-    pressured: set[int],
+    pressured: Collection[int],
     *,
     margin: float,
     underused: float,

@@ -18,8 +18,8 @@ does work the others do not. Two causes are told apart:
 
 DataParallel: one process drives every GPU, so the comparison is between the GPUs of that process.
 GPU 0 carrying the gathered outputs is the ``dataparallel_gather`` rule's; it emits its own
-``memory_imbalance`` finding through :func:`imbalance_finding`, and this rule skips the GPUs an
-earlier finding already named.
+``memory_imbalance`` finding (:func:`auditor.analysis.measures.imbalance_finding`), and the
+engine drops this rule's finding on the same GPU (:func:`auditor.analysis.causes.drop_repeats`).
 
 Measured budgets (the probe's, :class:`auditor.samples.MemoryBudget`): the ranks' parts are
 compared one by one (parameters, gradients, optimizer state, buffers, activations per step and
@@ -36,16 +36,22 @@ Speed-up: not predicted. Memory does not set the step time; it caps the batch. S
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..budget import fmt_bytes
 from ..budget import host_short as is_host_short
-from ..devices import GIB, DeviceStats, device_stats, fmt_gib, gpu_owners, rank_gpus, stray_ranks
+from ..devices import GIB, DeviceStats, fmt_gib
 from ..findings import Finding
+from ..measures import (
+    PeerMedians,
+    heavy,
+    imbalance_finding,
+    measured_gpus,
+    peer_median_bytes,
+    ready,
+)
 from ..snapshot import Snapshot
-from .common import PeerMedians, ready
 
 MIB = 1024**2
 # The parts of a measured budget compared across ranks (activation_bytes: one sampled step's).
@@ -73,7 +79,6 @@ SPEEDUP_NOTE = (
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_ratio: float = 1.5,
@@ -101,7 +106,6 @@ def detect(
     """
     findings = _detect_devices(
         snapshot,
-        prior=prior,
         min_steps=min_steps,
         min_samples=min_samples,
         min_ratio=min_ratio,
@@ -109,7 +113,7 @@ def detect(
         near_full=near_full,
         stray_share=stray_share,
     )
-    blamed = {r for f in (*prior, *findings) if f.kind == "memory_imbalance" for r in f.ranks}
+    blamed = {r for f in findings for r in f.ranks}
     findings.extend(
         _from_budgets(
             snapshot,
@@ -126,7 +130,6 @@ def detect(
 def _detect_devices(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding],
     min_steps: int,
     min_samples: int,
     min_ratio: float,
@@ -138,12 +141,9 @@ def _detect_devices(
     stats = ready(snapshot.stats, min_steps)
     if not stats:
         return []
-    dstats = {
-        u: d for u, d in device_stats(snapshot).items() if not d.lost and d.samples >= min_samples
-    }
-    owners = gpu_owners(snapshot)
-    gpus_of = rank_gpus(owners)
-    named = named_gpus(prior, "memory_imbalance")
+    dstats = measured_gpus(snapshot, min_samples)
+    owners = snapshot.owners
+    gpus_of = snapshot.gpus_of
     modes = {v.info.rank: v.info.parallel_mode for v in snapshot.ranks}
 
     findings: list[Finding] = []
@@ -154,8 +154,6 @@ def _detect_devices(
         mine = {u: dstats[u] for u in gpus_of.get(r, ()) if u in dstats}
         mem = {u: d.mem_used_bytes for u, d in mine.items() if d.mem_used_bytes is not None}
         for uuid, ratio in heavy(mem, min_ratio, min_extra_bytes).items():
-            if uuid in named:
-                continue
             ds = mine[uuid]
             peer = peer_median_bytes(mem, uuid)
             fix = (
@@ -191,11 +189,9 @@ def _detect_devices(
     }
     if len(single) >= 2:
         rank_mem = {r: float(dstats[u].mem_used_bytes or 0.0) for r, u in single.items()}
-        strays = stray_ranks(snapshot, owners)
+        strays = snapshot.strays
         for r, ratio in heavy(rank_mem, min_ratio, min_extra_bytes).items():
             uuid = single[r]
-            if uuid in named:
-                continue
             ds = dstats[uuid]
             peer = peer_median_bytes(rank_mem, r)
             excess = rank_mem[r] - peer
@@ -237,95 +233,6 @@ def _detect_devices(
     else:
         findings.extend(_from_probe(stats, modes, min_ratio, min_extra_bytes))
     return findings
-
-
-def heavy(
-    values: Mapping[Any, float | None], min_ratio: float, min_extra: float
-) -> dict[Any, float]:
-    """Keys whose value is at least ``min_ratio`` x and ``min_extra`` above their peers' median.
-
-    Returns each such key's ratio to that median. Needs at least two measured values.
-    """
-    present = {k: float(v) for k, v in values.items() if v is not None}
-    out: dict[Any, float] = {}
-    if len(present) < 2:
-        return out
-    of_peers = PeerMedians(present)
-    for k, v in present.items():
-        peer = of_peers.get(k) or 0.0
-        if peer <= 0:
-            continue
-        if v >= min_ratio * peer and v - peer >= min_extra:
-            out[k] = v / peer
-    return out
-
-
-def peer_median_bytes(values: Mapping[Any, float | None], key: Any) -> float:
-    peers = [float(v) for k, v in values.items() if k != key and v is not None]
-    return float(statistics.median(peers)) if peers else 0.0
-
-
-def named_gpus(prior: Sequence[Finding], kind: str) -> set[str]:
-    """UUIDs of the GPUs that earlier findings of ``kind`` already named."""
-    out: set[str] = set()
-    for f in prior:
-        if f.kind != kind:
-            continue
-        for g in f.evidence.get("gpus") or ():
-            if isinstance(g, dict) and g.get("uuid"):
-                out.add(str(g["uuid"]))
-    return out
-
-
-def imbalance_finding(
-    named: DeviceStats,
-    gpus: Mapping[str, DeviceStats],
-    mem: Mapping[str, float | None],
-    *,
-    ranks: tuple[int, ...],
-    fixes: dict[int, str],
-    summary: str,
-    near_full: float,
-    owners: Mapping[str, Sequence[int]],
-    cause: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> Finding:
-    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with.
-
-    Shared with ``dataparallel_gather``, which names GPU 0 of a DataParallel job this way.
-    """
-    peer = peer_median_bytes(mem, named.uuid)
-    own = mem.get(named.uuid)
-    full = named.mem_ratio_max
-    severity = "warning" if full is not None and full >= near_full else "info"
-    evidence: dict[str, Any] = {
-        "gpus": [named.ref],
-        "per_gpu": {
-            u: {
-                **d.ref,
-                "ranks": list(owners.get(u, ())),
-                "mem_used_bytes": None if mem.get(u) is None else round(float(mem[u] or 0)),
-                "mem_total_bytes": d.mem_total_bytes,
-                "mem_used_max_bytes": d.mem_used_max_bytes,
-            }
-            for u, d in sorted(gpus.items(), key=lambda kv: (kv[1].node, kv[1].index))
-        },
-        "peer_median_bytes": round(peer),
-        "ratio_to_peers": None if own is None or peer <= 0 else round(float(own) / peer, 2),
-        "excess_bytes": None if own is None else round(float(own) - peer),
-        "speedup_model": SPEEDUP_NOTE,
-    }
-    evidence.update(extra or {})
-    return Finding(
-        kind="memory_imbalance",
-        severity=severity,
-        ranks=ranks,
-        summary=summary,
-        evidence=evidence,
-        fixes=fixes,
-        predicted_speedup=None,
-        cause=cause,
-    )
 
 
 def _owner_fix(rank: int, ds: DeviceStats, mine: float, peer: float) -> str:

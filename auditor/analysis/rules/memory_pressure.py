@@ -33,14 +33,13 @@ Speed-up: not predicted: this prevents a crash, it does not change the step time
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from ..budget import BudgetModel, fmt_bytes, levers_text, model_for, parts_text
-from ..devices import DeviceStats, device_stats, fmt_gib, gpu_owners
+from ..devices import DeviceStats, fmt_gib
 from ..findings import Finding
+from ..measures import MemoryFit, rank_memory_fits
 from ..snapshot import RankView, Snapshot
-from .memory_headroom import MemoryFit, rank_memory_fits
 
 MIB = 1024**2
 SPEEDUP_NOTE = "not predicted: prevents an out-of-memory crash, does not change the step time"
@@ -49,7 +48,6 @@ SPEEDUP_NOTE = "not predicted: prevents an out-of-memory crash, does not change 
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
     min_steps: int = 8,
     min_samples: int = 5,
     min_ratio: float = 0.90,
@@ -76,13 +74,13 @@ def detect(
     """
     if snapshot.ranks and max((v.step_count for v in snapshot.ranks), default=0) < min_steps:
         return []
-    owners = gpu_owners(snapshot)
+    owners = snapshot.owners
     fits = rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples)
     views = {v.info.rank: v for v in snapshot.ranks}
     findings: list[Finding] = _host_short(
         snapshot, short=host_short, critical=host_critical, target_ratio=target_ratio
     )
-    stats = device_stats(snapshot)
+    stats = snapshot.gpu_stats
     for uuid, d in sorted(stats.items(), key=lambda kv: (kv[1].node, kv[1].index)):
         if d.lost or d.samples < min_samples or not d.mem_total_bytes:
             continue

@@ -34,26 +34,17 @@ import statistics
 from collections.abc import Sequence
 
 from ..advisor import fmt_pct, predicted_speedup
-from ..devices import DeviceStats, device_stats, gpu_owners
+from ..devices import DeviceStats
 from ..findings import Finding, severity_for
+from ..measures import peer_median, ranks_text, ready
 from ..snapshot import Snapshot
 from ..stats import collective_ops_ms, collective_ops_text
-from .common import peer_median, ranks_text, ready
-
-_CAUSES = (
-    "hardware_straggler",
-    "dataparallel_gather",
-    "batch_split",
-    "compute_straggler",
-    "data_starvation",
-    "cpu_oversubscription",
-)
 
 
 def detect(
     snapshot: Snapshot,
     *,
-    prior: Sequence[Finding] = (),
+    causes: Sequence[Finding] = (),
     min_steps: int = 8,
     min_spread: float = 0.25,
     min_samples: int = 5,
@@ -63,6 +54,8 @@ def detect(
     """Find a busy-time spread and attribute it.
 
     Args:
+        causes: findings that may explain the spread, the most specific first (the engine
+            passes them: :func:`auditor.analysis.causes.candidate_causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_spread: busiest minus least busy share of the step (0.25 = 25 points), for ranks'
             compute share and for GPUs' utilisation alike.
@@ -88,24 +81,18 @@ def detect(
     waits_differ = len(waits) >= 2 and (
         spread >= min_spread or max(waits.values()) - min(waits.values()) >= min_wait_gap * step
     )
-    starvation = next((f for f in prior if f.kind == "data_starvation"), None)
+    starvation = next((f for f in causes if f.kind == "data_starvation"), None)
     starved = set(starvation.ranks) & set(stats) if starvation else set()
-    named = {r for f in prior if f.kind in _CAUSES for r in f.ranks}
+    named = {r for f in causes for r in f.ranks}
     if waits_differ:
         lo, hi = min(waits.values()), max(waits.values())
         blamed = sorted(r for r, w in waits.items() if w <= lo + 0.25 * (hi - lo))
         if starved:
             # Peers wait for data: only a rank some cause names can be what the job waits for.
             blamed = [r for r in blamed if r in named] or sorted(starved)
-        cause = next(
-            (f for kind in _CAUSES for f in prior if f.kind == kind and set(blamed) & set(f.ranks)),
-            None,
-        )
+        cause = next((f for f in causes if set(blamed) & set(f.ranks)), None)
     else:
-        cause = next(
-            (f for kind in _CAUSES for f in prior if f.kind == kind and set(f.ranks) & set(stats)),
-            None,
-        )
+        cause = next((f for f in causes if set(f.ranks) & set(stats)), None)
         if cause is None:
             return []
         blamed = sorted(set(cause.ranks) & set(stats))
@@ -170,7 +157,7 @@ def detect(
         ordered = sorted(gpus.values(), key=lambda d: (d.node, d.index))
         evidence["gpu_busy_ratio"] = {d.uuid: round(gpu_busy[d.uuid], 3) for d in ordered}
         evidence["gpu_spread"] = round(gpu_spread, 3)
-        owners = gpu_owners(snapshot)
+        owners = snapshot.owners
         evidence["gpus"] = [d.ref for d in ordered if set(owners.get(d.uuid, ())) & set(blamed)]
         evidence["gpu_note"] = "NVML counts a rank waiting in an all-reduce as busy"
     # The cause carries the weight; the symptom stays one level below it.
@@ -193,12 +180,12 @@ def detect(
 
 def _job_gpus(snapshot: Snapshot, ranks: set[int], min_samples: int) -> dict[str, DeviceStats]:
     """The GPUs of the judged ranks with a measured utilisation (none: no NVML samples)."""
-    if not snapshot.devices and not snapshot.gpus:
+    if not snapshot.gpu_stats:
         return {}
-    owners = gpu_owners(snapshot)
+    owners = snapshot.owners
     return {
         u: d
-        for u, d in device_stats(snapshot).items()
+        for u, d in snapshot.gpu_stats.items()
         if not d.lost
         and d.samples >= min_samples
         and d.gpu_util is not None

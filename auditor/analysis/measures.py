@@ -1,0 +1,316 @@
+"""Measures shared by several rules: computed from the snapshot's reductions, decided by none.
+
+A rule module imports these, never another rule module: what two rules both measure (peer
+medians, the GPUs with enough samples, DataParallel's chunking and GPU order, memory fits, the
+memory_imbalance finding two rules emit) lives here once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from auditor.samples import DeviceSample, RankInfo
+
+from .devices import DeviceStats, linear_fit
+from .findings import Finding
+from .snapshot import RankView, Snapshot
+from .stats import RankStats
+
+MEMORY_IMBALANCE_NOTE = (
+    "not predicted: memory does not set the step time; it caps the batch every rank can use"
+)
+
+
+def ready(stats: Mapping[int, RankStats], min_steps: int) -> dict[int, RankStats]:
+    """Ranks with at least ``min_steps`` steps in the window; rules stay silent on the rest."""
+    return {r: s for r, s in stats.items() if s.steps >= min_steps and s.step_s > 0}
+
+
+def peer_median(values: Mapping[int, float], rank: int) -> float | None:
+    """Median of every value but ``rank``'s (None without peers); for one rank. To ask for every
+    rank, build :class:`PeerMedians` once: this is O(n) per call."""
+    peers = [v for r, v in values.items() if r != rank]
+    return float(statistics.median(peers)) if peers else None
+
+
+class PeerMedians:
+    """The median of each key's peers (every other key's value), for all keys in O(n log n).
+
+    Rules compare every rank with its peers; doing that with a fresh median per rank is
+    quadratic and took seconds at 4,096 ranks. Values are sorted once; a key's peer median is the
+    median of that order without the key's own element, read off by index. ``None`` values are
+    not measurements and count for nobody.
+    """
+
+    def __init__(self, values: Mapping[Any, float | None]) -> None:
+        self._values = {k: float(v) for k, v in values.items() if v is not None}
+        self._sorted = sorted(self._values.values())
+
+    def get(self, key: object) -> float | None:
+        """Median of the values of every key but ``key`` (all of them if ``key`` has none)."""
+        order = self._sorted
+        if key not in self._values:
+            return float(statistics.median(order)) if order else None
+        m = len(order) - 1
+        if m <= 0:
+            return None
+        # Removing any element equal to the key's value leaves the same multiset.
+        i = bisect.bisect_left(order, self._values[key])
+
+        def at(k: int) -> float:
+            return order[k] if k < i else order[k + 1]
+
+        if m % 2:
+            return at(m // 2)
+        return (at(m // 2 - 1) + at(m // 2)) / 2
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    rs = sorted(ranks)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+
+def with_expectation(fix: str, speedup: float | None) -> str:
+    if speedup is None or speedup < 1.02:
+        return fix
+    return f"{fix}; expect about {speedup:.1f}x"
+
+
+def measured_gpus(snapshot: Snapshot, min_samples: int) -> dict[str, DeviceStats]:
+    """The snapshot's GPUs still on the bus with at least ``min_samples`` samples."""
+    return {u: d for u, d in snapshot.gpu_stats.items() if not d.lost and d.samples >= min_samples}
+
+
+def dp_gpu_order(
+    info: RankInfo, owned: Sequence[str], dstats: Mapping[str, DeviceStats]
+) -> list[str]:
+    """A DataParallel rank's GPUs in ``device_ids`` order: the primary first.
+
+    The rank's own ``device_uuids`` give the order; without them its GPUs are ordered by node
+    and NVML index (CUDA's default order on a node of identical GPUs).
+    """
+    if info.device_uuids:
+        return list(info.device_uuids)
+
+    def key(u: str) -> tuple[str, int, str]:
+        d = dstats.get(u)
+        return (d.node, d.index, u) if d else ("", 1 << 30, u)
+
+    return sorted(owned, key=key)
+
+
+def torch_chunks(batch: int, n: int) -> list[int]:
+    """Chunk sizes of ``torch.chunk`` (DataParallel's scatter): ``ceil(batch / n)`` each, the last
+    smaller; fewer than ``n`` chunks when the batch is small, the missing GPUs get nothing."""
+    if batch <= 0 or n <= 0:
+        return [0] * max(n, 0)
+    size = math.ceil(batch / n)
+    out: list[int] = []
+    left = batch
+    while left > 0 and len(out) < n:
+        out.append(min(size, left))
+        left -= out[-1]
+    return out + [0] * (n - len(out))
+
+
+def heavy(
+    values: Mapping[Any, float | None], min_ratio: float, min_extra: float
+) -> dict[Any, float]:
+    """Keys whose value is at least ``min_ratio`` x and ``min_extra`` above their peers' median.
+
+    Returns each such key's ratio to that median. Needs at least two measured values.
+    """
+    present = {k: float(v) for k, v in values.items() if v is not None}
+    out: dict[Any, float] = {}
+    if len(present) < 2:
+        return out
+    of_peers = PeerMedians(present)
+    for k, v in present.items():
+        peer = of_peers.get(k) or 0.0
+        if peer <= 0:
+            continue
+        if v >= min_ratio * peer and v - peer >= min_extra:
+            out[k] = v / peer
+    return out
+
+
+def peer_median_bytes(values: Mapping[Any, float | None], key: Any) -> float:
+    peers = [float(v) for k, v in values.items() if k != key and v is not None]
+    return float(statistics.median(peers)) if peers else 0.0
+
+
+def imbalance_finding(
+    named: DeviceStats,
+    gpus: Mapping[str, DeviceStats],
+    mem: Mapping[str, float | None],
+    *,
+    ranks: tuple[int, ...],
+    fixes: dict[int, str],
+    summary: str,
+    near_full: float,
+    owners: Mapping[str, Sequence[int]],
+    cause: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Finding:
+    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with.
+
+    Shared with ``dataparallel_gather``, which names GPU 0 of a DataParallel job this way.
+    """
+    peer = peer_median_bytes(mem, named.uuid)
+    own = mem.get(named.uuid)
+    full = named.mem_ratio_max
+    severity = "warning" if full is not None and full >= near_full else "info"
+    evidence: dict[str, Any] = {
+        "gpus": [named.ref],
+        "per_gpu": {
+            u: {
+                **d.ref,
+                "ranks": list(owners.get(u, ())),
+                "mem_used_bytes": None if mem.get(u) is None else round(float(mem[u] or 0)),
+                "mem_total_bytes": d.mem_total_bytes,
+                "mem_used_max_bytes": d.mem_used_max_bytes,
+            }
+            for u, d in sorted(gpus.items(), key=lambda kv: (kv[1].node, kv[1].index))
+        },
+        "peer_median_bytes": round(peer),
+        "ratio_to_peers": None if own is None or peer <= 0 else round(float(own) / peer, 2),
+        "excess_bytes": None if own is None else round(float(own) - peer),
+        "speedup_model": MEMORY_IMBALANCE_NOTE,
+    }
+    evidence.update(extra or {})
+    return Finding(
+        kind="memory_imbalance",
+        severity=severity,
+        ranks=ranks,
+        summary=summary,
+        evidence=evidence,
+        fixes=fixes,
+        predicted_speedup=None,
+        cause=cause,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """``memory = fixed + per_sample * batch (+ overhead)`` for one rank."""
+
+    rank: int
+    fixed_bytes: float
+    per_sample_bytes: float
+    r2: float
+    points: int
+    batches: tuple[int, ...]
+    source: str
+    # NVML's peak minus the fitted allocator peak (context, cache); 0 where not measured.
+    overhead_bytes: float = 0.0
+
+    def predict(self, batch: float) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * batch + self.overhead_bytes
+
+    def largest_batch(self, budget: float, per_sample_factor: float = 1.0) -> int | None:
+        """The largest batch whose predicted memory stays within ``budget``."""
+        per = self.per_sample_bytes / per_sample_factor
+        if per <= 0:
+            return None
+        return max(0, math.floor((budget - self.fixed_bytes - self.overhead_bytes) / per))
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "fixed_bytes": round(self.fixed_bytes),
+            "per_sample_bytes": round(self.per_sample_bytes),
+            "r2": round(self.r2, 4),
+            "points": self.points,
+            "batch_sizes": list(self.batches),
+            "source": self.source,
+            "overhead_bytes": round(self.overhead_bytes),
+        }
+
+
+def fit_memory(
+    view: RankView, gpu: DeviceStats | None, samples: Sequence[DeviceSample] = ()
+) -> MemoryFit | None:
+    """Fit ``a + b * batch`` for one rank; None without two distinct batch sizes.
+
+    ``gpu`` and ``samples`` are the rank's (heaviest) GPU and its NVML samples, if any.
+    """
+    sized = [s for s in view.steps if s.batch_size]
+    for field in ("mem_peak_bytes", "mem_allocated_bytes"):
+        pts = [
+            (float(s.batch_size or 0), float(v))
+            for s in sized
+            if (v := getattr(s, field)) is not None
+        ]
+        fit = _fit(view.info.rank, pts, f"probe {field}")
+        if fit is not None:
+            if gpu is not None and gpu.mem_used_max_bytes is not None:
+                top = max(b for b, _ in pts)
+                gap = gpu.mem_used_max_bytes - fit.predict(top)
+                if gap > 0:
+                    fit = _with_overhead(fit, gap)
+            return fit
+    if not samples or not sized:
+        return None
+    ordered = sorted(sized, key=lambda s: s.time)
+    ends = [s.time for s in ordered]
+    matched: list[tuple[float, float]] = []
+    for d in samples:
+        if d.mem_used_bytes is None or d.lost:
+            continue
+        i = bisect.bisect_left(ends, d.time)
+        if i >= len(ordered) or (i == 0 and d.time < ends[0] - ordered[0].step_s):
+            continue  # before the first step or after the last: no batch in progress
+        matched.append((float(ordered[i].batch_size or 0), float(d.mem_used_bytes)))
+    return _fit(view.info.rank, matched, "nvml mem_used_bytes")
+
+
+def _fit(rank: int, pts: Sequence[tuple[float, float]], source: str) -> MemoryFit | None:
+    batches = sorted({round(b) for b, _ in pts})
+    if len(batches) < 2:
+        return None
+    fit = linear_fit([b for b, _ in pts], [m for _, m in pts])
+    if fit is None:
+        return None
+    a, b, r2 = fit
+    return MemoryFit(rank, a, b, r2, len(pts), tuple(batches), source)
+
+
+def _with_overhead(fit: MemoryFit, overhead: float) -> MemoryFit:
+    return MemoryFit(
+        fit.rank,
+        fit.fixed_bytes,
+        fit.per_sample_bytes,
+        fit.r2,
+        fit.points,
+        fit.batches,
+        fit.source,
+        overhead,
+    )
+
+
+def rank_memory_fits(
+    snapshot: Snapshot, *, min_steps: int, min_samples: int
+) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
+    """Each ready rank's fit and its (heaviest) GPU; memory_pressure and memory_headroom both
+    read it. The only measure here that reads raw GPU samples: memory against the batch in
+    progress when each was read."""
+    stats = ready(snapshot.stats, min_steps)
+    dstats = measured_gpus(snapshot, min_samples)
+    gpus_of = snapshot.gpus_of
+    samples_of: dict[str, list[DeviceSample]] = {}
+    for d in snapshot.devices:
+        samples_of.setdefault(d.uuid, []).append(d)
+    out: dict[int, tuple[MemoryFit | None, DeviceStats | None]] = {}
+    for view in snapshot.ranks:
+        r = view.info.rank
+        if r not in stats:
+            continue
+        mine = [dstats[u] for u in gpus_of.get(r, ()) if u in dstats]
+        gpu = max(mine, key=lambda d: d.mem_used_max_bytes or 0, default=None)
+        samples = samples_of.get(gpu.uuid, []) if gpu is not None else []
+        out[r] = (fit_memory(view, gpu, samples), gpu)
+    return out
