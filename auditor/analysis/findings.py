@@ -20,6 +20,13 @@ KINDS = (
     "dataparallel_gather",
 )
 SEVERITIES = ("info", "warning", "critical")
+# The one order of severities, most severe first: every list of findings is sorted by it.
+SEVERITY_ORDER = ("critical", "warning", "info")
+
+
+def severity_key(sev: str) -> int:
+    """Sort key of a severity, most severe first (an unknown one after ``info``)."""
+    return SEVERITY_ORDER.index(sev) if sev in SEVERITY_ORDER else len(SEVERITY_ORDER)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
+
+from auditor.wording import ranks_text as ranks_text
 
 from ..stats import RankStats
 
@@ -52,11 +54,6 @@ class PeerMedians:
         if m % 2:
             return at(m // 2)
         return (at(m // 2 - 1) + at(m // 2)) / 2
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    rs = sorted(ranks)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
 
 
 def with_expectation(fix: str, speedup: float | None) -> str:
