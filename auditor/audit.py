@@ -10,46 +10,15 @@ and the state of every node of a job that spans several.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
-from auditor.report.json_report import build_report
+from auditor.report.json_report import make_report
+from auditor.report.model import DeadRank as DeadRank
+from auditor.report.model import Report
 from auditor.samples import Batch
-
-
-@dataclass(frozen=True)
-class DeadRank:
-    """A rank that ended without its probe's goodbye while the job ran."""
-
-    rank: int
-    node: str
-    last_step: int | None
-    # Seen dead in the first batch that reported deaths: the cause, not a casualty of the
-    # launcher tearing down the others.
-    first: bool
-    exit_status: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "node": self.node,
-            "last_step": self.last_step,
-            "first": self.first,
-            "exit_status": self.exit_status,
-        }
-
-    def sentence(self) -> str:
-        where = f" on {self.node}" if self.node else ""
-        step = "before its first step" if self.last_step is None else f"after step {self.last_step}"
-        status = (
-            f"exit status {self.exit_status}"
-            if self.exit_status is not None
-            else "exit status unknown (its launcher reaped it)"
-        )
-        return f"rank {self.rank}{where} died {step} ({status})"
 
 
 class Audit:
@@ -138,8 +107,8 @@ class Audit:
         interrupted: bool = False,
         now: float | None = None,
         window_s: float | None = None,
-    ) -> dict[str, Any]:
-        """The final report document, with the job's nodes and dead ranks where there are."""
+    ) -> Report:
+        """The final report, with the job's nodes and dead ranks where there are."""
         snap, findings = self.final(now, window_s)
         notes = list(notes)
         dead = self.dead_ranks
@@ -151,7 +120,7 @@ class Audit:
             notes.append(
                 f"node {n['node']} was lost mid-run (ranks {ranks}); its last samples are kept"
             )
-        report = build_report(
+        return make_report(
             command=command,
             exit_code=exit_code,
             duration_s=duration_s,
@@ -160,9 +129,6 @@ class Audit:
             job=self.job,
             notes=notes,
             interrupted=interrupted,
+            nodes=[dict(n) for n in self.nodes] if self.nodes else None,
+            dead_ranks=dead if dead and not interrupted else None,
         )
-        if self.nodes:
-            report["job"]["nodes"] = [dict(n) for n in self.nodes]
-        if dead and not interrupted:
-            report["job"]["dead_ranks"] = [d.to_dict() for d in dead]
-        return report

@@ -245,7 +245,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         reap_descendants()
         shutil.rmtree(rundir, ignore_errors=True)
     if cfg.json:
-        print(json.dumps(report, indent=2), flush=True)
+        print(json.dumps(report.to_dict(), indent=2), flush=True)
     else:
         print(render_verdict(report), file=out, flush=True)
     return exit_code

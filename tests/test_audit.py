@@ -31,7 +31,7 @@ def live_report(path: Path) -> dict[str, Any]:
             judged += 1
     assert judged >= 5, path
     # The final verdict, as ``auditor run`` writes it when the job ends.
-    return audit.report(command=[], exit_code=None, duration_s=0.0)
+    return audit.report(command=[], exit_code=None, duration_s=0.0).to_dict()
 
 
 def verdict(report: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -51,7 +51,7 @@ def verdict(report: dict[str, Any]) -> list[tuple[Any, ...]]:
 def test_recorded_source_gives_the_live_report(scenario: str) -> None:
     path = DATA / scenario / "recording.jsonl"
     live = live_report(path)
-    replayed = analyze_recording(str(path)).report
+    replayed = analyze_recording(str(path)).report.to_dict()
     assert replayed is not None
     assert verdict(replayed) == verdict(live)
     assert replayed["ranks"] == live["ranks"]

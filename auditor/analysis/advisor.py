@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from auditor.wording import fmt_ms as fmt_ms
+from auditor.wording import fmt_pct as fmt_pct
+
 from .stats import RankStats
 
 
@@ -39,11 +42,3 @@ def predicted_speedup(stats: Mapping[int, RankStats], new_local: Mapping[int, fl
     if after <= 0 or before <= 0:
         return 1.0
     return max(1.0, before / after)
-
-
-def fmt_ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
-
-
-def fmt_pct(ratio: float) -> str:
-    return f"{ratio * 100:.0f}%"

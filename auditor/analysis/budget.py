@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import MemoryBudget
+from auditor.wording import fmt_bytes as fmt_bytes
 
 # Gradient checkpointing: activations cut 4x (the conservative end of the usual 4-10x).
 CHECKPOINT_FACTOR = 4.0
@@ -293,16 +294,6 @@ def levers_text(model: BudgetModel, fmt: Any, limit: int = 3) -> str:
 
 def _round(v: float | None) -> int | None:
     return None if v is None else round(v)
-
-
-def fmt_bytes(n: float | None) -> str:
-    """Bytes in the largest binary unit that keeps a figure >= 1 (small models read in KiB)."""
-    if n is None:
-        return "n/a"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def parts_text(model: BudgetModel) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from auditor.samples import DeviceSample, GpuProcess, RankInfo
+from auditor.wording import fmt_gib as fmt_gib
 
 GIB = 1024**3
 # Throttle (clock-event) reasons that say nothing about the GPU's health: an idle GPU lowers its
@@ -131,10 +132,6 @@ class DeviceStats:
 
 def gpu_label(node: str, index: int) -> str:
     return f"{node or 'node'} GPU {index}"
-
-
-def fmt_gib(n_bytes: float | None) -> str:
-    return "n/a" if n_bytes is None else f"{n_bytes / GIB:.1f} GiB"
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float] | None:

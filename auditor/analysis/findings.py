@@ -23,11 +23,18 @@ KINDS = (
 # it through severity_rank / finding_order below.
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+# The same order most severe first, for renderers that list findings top down.
+SEVERITY_ORDER = tuple(reversed(SEVERITIES))
 
 
 def severity_rank(severity: object) -> int:
     """A severity's place in :data:`SEVERITIES`; anything else (a foreign JSON's) ranks as info."""
     return SEVERITY_RANK.get(severity, 0) if isinstance(severity, str) else 0
+
+
+def severity_key(severity: object) -> int:
+    """Sort key, most severe first: :func:`severity_rank` reversed."""
+    return len(SEVERITIES) - 1 - severity_rank(severity)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import DeviceSample, RankInfo
+from auditor.wording import ranks_text as ranks_text
 
 from .devices import DeviceStats, linear_fit
 from .findings import Finding
@@ -68,11 +69,6 @@ class PeerMedians:
         if m % 2:
             return at(m // 2)
         return (at(m // 2 - 1) + at(m // 2)) / 2
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    rs = sorted(ranks)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
 
 
 def with_expectation(fix: str, speedup: float | None) -> str:

@@ -33,7 +33,7 @@ from auditor.audit import Audit
 from auditor.configs import AnalysisConfig, CompareConfig
 from auditor.report.compare import compare_reports, render_compare
 from auditor.report.json_report import SCHEMA as REPORT_SCHEMA
-from auditor.report.json_report import validate_report
+from auditor.report.model import Report
 from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import SCHEMA as RECORDING_SCHEMA
 from auditor.telemetry.recorded import SCHEMAS as RECORDING_SCHEMAS
@@ -50,7 +50,7 @@ class Loaded:
 
     path: str
     kind: str  # "report" or "recording"
-    report: dict[str, Any]
+    report: Report
     # The whole run's samples, for the HTML time series (recordings only).
     series: Snapshot | None = None
     problems: list[str] = field(default_factory=list)
@@ -135,10 +135,10 @@ def load_input(
     if kind == "report":
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            validate_report(data, source=path)
+            report = Report.from_dict(data, source=path)
         except (OSError, ValueError) as exc:
             raise InputError(str(exc)) from None
-        return Loaded(path=path, kind="report", report=data)
+        return Loaded(path=path, kind="report", report=report)
     return analyze_recording(path, window=window, overrides=overrides)
 
 
@@ -255,9 +255,9 @@ def _print_problems(loaded: Loaded, err: TextIO) -> None:
         print(f"auditor: error: {problem}; skipped", file=err)
 
 
-def _print_report(report: Mapping[str, Any], *, json_out: bool, out: TextIO) -> None:
+def _print_report(report: Report, *, json_out: bool, out: TextIO) -> None:
     if json_out:
-        print(json.dumps(report, indent=2), file=out, flush=True)
+        print(json.dumps(report.to_dict(), indent=2), file=out, flush=True)
     else:
         print(render_verdict(report), file=out, flush=True)
 

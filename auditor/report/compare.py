@@ -13,10 +13,13 @@ warning and critical findings: what its verdict promised for its own fixes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import Any
 
-from auditor.analysis.findings import SEVERITIES, severity_rank
-from auditor.report.terminal import VERDICT_WIDTH, fmt_ms, ranks_text, table, wrap
+from auditor.analysis.findings import severity_key
+from auditor.report.model import RankEntry, Report, ReportFinding, ReportLike, as_report
+from auditor.report.terminal import VERDICT_WIDTH, table, wrap
+from auditor.wording import fmt_ms_value as fmt_ms
+from auditor.wording import fmt_setting, fmt_share, is_number, ranks_text, severity_change
 
 SCHEMA = "auditor.compare/v1"
 
@@ -35,20 +38,21 @@ LOADER_KEYS = ("num_workers", "batch_size", "pin_memory", "persistent_workers", 
 
 
 def compare_reports(
-    before: Mapping[str, Any],
-    after: Mapping[str, Any],
+    before: ReportLike,
+    after: ReportLike,
     *,
     before_source: str = "before",
     after_source: str = "after",
 ) -> dict[str, Any]:
     """The comparison document of two reports (plain JSON types)."""
-    b_step, b_rank = job_step(before)
-    a_step, a_rank = job_step(after)
+    b_rep, a_rep = as_report(before), as_report(after)
+    b_step, b_rank = job_step(b_rep)
+    a_step, a_rank = job_step(a_rep)
     measured = b_step / a_step if b_step and a_step else None
-    predictor = predicting_finding(before)
-    predicted = _speed(predictor) if predictor is not None else None
-    b_ranks = _ranks(before)
-    a_ranks = _ranks(after)
+    predictor = predicting_finding(b_rep)
+    predicted = predictor.predicted_speedup if predictor is not None else None
+    b_ranks = _ranks(b_rep)
+    a_ranks = _ranks(a_rep)
     ranks = []
     for r in sorted(set(b_ranks) | set(a_ranks)):
         ranks.append(
@@ -59,13 +63,13 @@ def compare_reports(
                 "changed": _loader_changes(b_ranks.get(r), a_ranks.get(r)),
             }
         )
-    gone, new, remain = diff_findings(before.get("findings") or (), after.get("findings") or ())
-    b_rate = _throughput(before)
-    a_rate = _throughput(after)
+    gone, new, remain = diff_findings(b_rep.findings, a_rep.findings)
+    b_rate = _throughput(b_rep)
+    a_rate = _throughput(a_rep)
     return {
         "schema": SCHEMA,
-        "before": _side(before, before_source, b_step, b_rank, b_rate),
-        "after": _side(after, after_source, a_step, a_rank, a_rate),
+        "before": _side(b_rep, before_source, b_step, b_rank, b_rate),
+        "after": _side(a_rep, after_source, a_step, a_rank, a_rate),
         "speedup": {
             "measured": _round(measured, 3),
             "predicted": _round(predicted, 3),
@@ -73,9 +77,9 @@ def compare_reports(
                 None
                 if predictor is None
                 else {
-                    "kind": predictor.get("kind"),
-                    "ranks": [int(x) for x in predictor.get("ranks") or ()],
-                    "severity": predictor.get("severity"),
+                    "kind": predictor.kind,
+                    "ranks": list(predictor.ranks),
+                    "severity": predictor.severity,
                 }
             ),
             "throughput_ratio": _round(a_rate / b_rate, 3) if a_rate and b_rate else None,
@@ -85,54 +89,49 @@ def compare_reports(
     }
 
 
-def job_step(report: Mapping[str, Any]) -> tuple[float | None, int | None]:
+def job_step(report: ReportLike) -> tuple[float | None, int | None]:
     """The job's median step (seconds) and the rank it comes from: the slowest timed rank."""
     best: tuple[float, int] | None = None
-    for r in report.get("ranks") or ():
-        if not isinstance(r, Mapping):
-            continue
-        step = r.get("step_s")
-        if _is_num(step) and step > 0 and (best is None or step > best[0]):
-            best = (float(step), int(r.get("rank", 0)))
+    for r in as_report(report).ranks:
+        step = r.step_s
+        if is_number(step) and step > 0 and (best is None or step > best[0]):
+            best = (float(step), r.rank)
     return (best[0], best[1]) if best else (None, None)
 
 
-def predicting_finding(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def predicting_finding(report: ReportLike) -> ReportFinding | None:
     """The warning/critical finding with the largest predicted speed-up (None if none has one)."""
-    best: Mapping[str, Any] | None = None
-    for f in report.get("findings") or ():
-        if not isinstance(f, Mapping) or _level(f) < SEVERITIES.index("warning"):
+    best: ReportFinding | None = None
+    for f in as_report(report).findings:
+        if not f.at_least("warning") or f.predicted_speedup is None:
             continue
-        if _speed(f) is None:
-            continue
-        if best is None or (_speed(f) or 0.0) > (_speed(best) or 0.0):
+        if best is None or f.speedup > best.speedup:
             best = f
     return best
 
 
 def diff_findings(
-    before: Sequence[Any], after: Sequence[Any]
+    before: Sequence[ReportFinding], after: Sequence[ReportFinding]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Findings matched by kind and blamed ranks: (gone, new, remain), most severe first."""
 
-    def index(fs: Sequence[Any]) -> dict[tuple[str, tuple[int, ...]], Mapping[str, Any]]:
-        out: dict[tuple[str, tuple[int, ...]], Mapping[str, Any]] = {}
+    def index(fs: Sequence[ReportFinding]) -> dict[tuple[str, tuple[int, ...]], ReportFinding]:
+        out: dict[tuple[str, tuple[int, ...]], ReportFinding] = {}
         for f in fs:
-            if isinstance(f, Mapping) and "kind" in f:
-                key = (str(f["kind"]), tuple(sorted(int(r) for r in f.get("ranks") or ())))
-                if key not in out or _level(f) > _level(out[key]):
-                    out[key] = f
+            key = (f.kind, tuple(sorted(f.ranks)))
+            if key not in out or f.severity_key < out[key].severity_key:
+                out[key] = f
         return out
 
     b, a = index(before), index(after)
 
-    def entry(key: tuple[str, tuple[int, ...]], f: Mapping[str, Any]) -> dict[str, Any]:
+    def entry(key: tuple[str, tuple[int, ...]], f: ReportFinding) -> dict[str, Any]:
         return {
             "kind": key[0],
             "ranks": list(key[1]),
-            "severity": f.get("severity"),
-            "summary": f.get("summary"),
-            "predicted_speedup": f.get("predicted_speedup"),
+            "severity": f.severity,
+            "summary": f.summary,
+            "predicted_speedup": f.predicted_speedup,
         }
 
     gone = [entry(k, f) for k, f in b.items() if k not in a]
@@ -141,13 +140,11 @@ def diff_findings(
     for k, f in b.items():
         if k in a:
             e = entry(k, a[k])
-            e["severity_before"] = f.get("severity")
+            e["severity_before"] = f.severity
             remain.append(e)
 
     def order(e: Mapping[str, Any]) -> tuple[int, str, list[int]]:
-        sev = e.get("severity_before", e.get("severity"))
-        lvl = severity_rank(sev)
-        return (-lvl, str(e["kind"]), list(e["ranks"]))
+        return (severity_key(e.get("severity_before", e["severity"])), e["kind"], e["ranks"])
 
     return sorted(gone, key=order), sorted(new, key=order), sorted(remain, key=order)
 
@@ -174,7 +171,7 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
 
     b_step, a_step = before.get("step_s"), after.get("step_s")
     measured = speed.get("measured")
-    if _is_num(b_step) and _is_num(a_step) and _is_num(measured):
+    if is_number(b_step) and is_number(a_step) and is_number(measured):
         emit(
             f"Measured speed-up: {measured:.2f}x ({fmt_ms(b_step)} ms -> {fmt_ms(a_step)} ms per "
             "step, slowest rank's median)"
@@ -183,19 +180,19 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
         emit("Measured speed-up: - (a run has no timed steps)")
     predicted = speed.get("predicted")
     by = speed.get("predicted_by")
-    if _is_num(predicted) and isinstance(by, Mapping):
+    if is_number(predicted) and isinstance(by, Mapping):
         line = f"Predicted by BEFORE's verdict: {predicted:.2f}x ({by.get('kind')}"
         if by.get("ranks"):
             line += f" on {ranks_text(by['ranks'])}"
         line += ")"
-        if _is_num(measured) and predicted > 0:
+        if is_number(measured) and predicted > 0:
             line += f"; measured is {measured / predicted:.0%} of it"
         emit(line)
     else:
         emit("Predicted by BEFORE's verdict: none (no finding there predicts one)")
     ratio = speed.get("throughput_ratio")
     b_rate, a_rate = before.get("samples_per_s"), after.get("samples_per_s")
-    if _is_num(ratio) and _is_num(b_rate) and _is_num(a_rate):
+    if is_number(ratio) and is_number(b_rate) and is_number(a_rate):
         emit(f"Throughput: {b_rate:.0f} -> {a_rate:.0f} samples/s, all ranks ({ratio:.2f}x)")
 
     out.append("")
@@ -205,8 +202,8 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
         for f in found.get(key) or ():
             any_finding = True
             sev = str(f.get("severity"))
-            if key == "remain" and f.get("severity_before") != f.get("severity"):
-                sev = f"{f.get('severity_before')} -> {sev}"
+            if key == "remain":
+                sev = severity_change(f.get("severity_before"), sev)
             who = f" {ranks_text(f['ranks'])}" if f.get("ranks") else ""
             emit(f"{label:<8}{f.get('kind')}{who} ({sev})", indent="  ", cont="          ")
     if not any_finding:
@@ -236,7 +233,7 @@ def _headline(
     found: Mapping[str, Any],
 ) -> str:
     measured = speed.get("measured")
-    if _is_num(measured):
+    if is_number(measured):
         if measured >= 1.02:
             head = f"Compare: {measured:.1f}x faster per step"
         elif measured <= 0.98:
@@ -285,7 +282,7 @@ def _share_rows(ranks: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 str(r.get("rank")),
                 label,
                 fmt_ms(side.get("step_s")),
-                *(_pct(shares.get(name)) for _, name in SHARES),
+                *(fmt_share(shares.get(name)) for _, name in SHARES),
             ]
             rows.append(cells)
     return rows
@@ -296,117 +293,85 @@ def _share_rows(ranks: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def _side(
-    report: Mapping[str, Any],
+    report: Report,
     source: str,
     step: float | None,
     step_rank: int | None,
     rate: float | None,
 ) -> dict[str, Any]:
-    job: Mapping[str, Any] = report.get("job") or {}
+    job = report.job
     return {
         "source": source,
-        "job": job.get("name"),
-        "world_size": job.get("world_size") or len(report.get("ranks") or ()) or None,
-        "kind": job.get("parallel_mode") if job.get("parallel_mode") != "none" else None,
+        "job": job.name,
+        "world_size": job.world_size or len(report.ranks) or None,
+        "kind": job.parallel_mode if job.parallel_mode != "none" else None,
         "step_s": _round(step, 6),
         "step_rank": step_rank,
         "samples_per_s": _round(rate, 2),
-        "findings": len(report.get("findings") or ()),
+        "findings": len(report.findings),
     }
 
 
-def _rank_side(r: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _rank_side(r: RankEntry | None) -> dict[str, Any] | None:
     if r is None:
         return None
-    step = r.get("step_s")
+    step = r.step_s
     shares: dict[str, float | None] = {name: None for _, name in SHARES}
-    if _is_num(step) and step > 0:
-        wait = _val(r.get("collective_wait_s"))
+    if is_number(step) and step > 0:
         parts = {
-            "data_wait": _val(r.get("data_wait_s")),
-            "h2d": _val(r.get("h2d_s")),
-            "forward": _val(r.get("forward_s")),
-            "backward_own": _val(r.get("backward_s")),  # exclusive: no collective wait in it
-            "optimizer": _val(r.get("optimizer_s")),
-            "collective_wait": wait,
+            "data_wait": _val(r.data_wait_s),
+            "h2d": _val(r.h2d_s),
+            "forward": _val(r.forward_s),
+            "backward_own": _val(r.backward_s),  # exclusive: no collective wait in it
+            "optimizer": _val(r.optimizer_s),
+            "collective_wait": _val(r.collective_wait_s),
         }
         parts["other"] = max(0.0, float(step) - sum(parts.values()))
         shares = {k: _round(v / float(step), 4) for k, v in parts.items()}
-        if r.get("collective_wait_s") is None:
+        if r.collective_wait_s is None:
             shares["collective_wait"] = None
     return {
         "step_s": step,
         "shares": shares,
-        "samples_per_s": r.get("samples_per_s"),
-        "batch_size": r.get("batch_size"),
+        "samples_per_s": r.samples_per_s,
+        "batch_size": r.batch_size,
     }
 
 
-def _loader_changes(b: Mapping[str, Any] | None, a: Mapping[str, Any] | None) -> list[str]:
+def _loader_changes(b: RankEntry | None, a: RankEntry | None) -> list[str]:
     if b is None:
         return ["only in AFTER"]
     if a is None:
         return ["only in BEFORE"]
     out = []
-    bl = b.get("loader") if isinstance(b.get("loader"), Mapping) else {}
-    al = a.get("loader") if isinstance(a.get("loader"), Mapping) else {}
-    assert isinstance(bl, Mapping) and isinstance(al, Mapping)
+    bl = b.loader or {}
+    al = a.loader or {}
     for key in LOADER_KEYS:
         if key in bl and key in al and bl[key] != al[key]:
-            out.append(f"{key} {_show(bl[key])} -> {_show(al[key])}")
-    bb, ab = b.get("batch_size"), a.get("batch_size")
+            out.append(f"{key} {fmt_setting(bl[key])} -> {fmt_setting(al[key])}")
+    bb, ab = b.batch_size, a.batch_size
     if bb != ab and bb is not None and ab is not None and "batch_size" not in " ".join(out):
-        out.append(f"batch {_show(b['batch_size'])} -> {_show(a['batch_size'])}")
+        out.append(f"batch {fmt_setting(bb)} -> {fmt_setting(ab)}")
     return out
 
 
-def _throughput(report: Mapping[str, Any]) -> float | None:
-    rates = [
-        float(r["samples_per_s"])
-        for r in report.get("ranks") or ()
-        if isinstance(r, Mapping) and _is_num(r.get("samples_per_s"))
-    ]
+def _throughput(report: Report) -> float | None:
+    rates = [float(r.samples_per_s) for r in report.ranks if is_number(r.samples_per_s)]
     return sum(rates) if rates else None
 
 
-def _ranks(report: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
-    return {
-        int(r["rank"]): r
-        for r in report.get("ranks") or ()
-        if isinstance(r, Mapping) and isinstance(r.get("rank"), int)
-    }
-
-
-def _level(f: Mapping[str, Any]) -> int:
-    return _sev_level(f.get("severity"))
+def _ranks(report: Report) -> dict[int, RankEntry]:
+    return {r.rank: r for r in report.ranks if isinstance(r.rank, int)}
 
 
 def _sev_level(sev: Any) -> int:
-    return severity_rank(sev)
-
-
-def _speed(f: Mapping[str, Any]) -> float | None:
-    s = f.get("predicted_speedup")
-    return float(s) if _is_num(s) else None
-
-
-def _is_num(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Findings at warning or above count in the headline (1), the rest not (0)."""
+    return 1 if severity_key(sev) <= severity_key("warning") else 0
 
 
 def _val(value: Any) -> float:
-    return float(value) if _is_num(value) else 0.0
+    return float(value) if is_number(value) else 0.0
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(float(value), digits)
-
-
-def _pct(value: Any) -> str:
-    return "-" if not _is_num(value) else f"{value * 100:.0f}%"
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return "-" if value is None else str(value)

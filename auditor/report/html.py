@@ -41,21 +41,39 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
-from auditor.analysis.budget import fmt_bytes
-from auditor.analysis.findings import SEVERITIES, severity_rank
+from auditor.analysis.findings import SEVERITY_ORDER, severity_key
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.files import write_text_atomic
+from auditor.report.columns import FIGURE_COLUMNS, cells, titles
+from auditor.report.model import (
+    BudgetEntry,
+    JobSummary,
+    RankEntry,
+    Report,
+    ReportFinding,
+    ReportLike,
+    as_report,
+)
 from auditor.report.terminal import (
     fix_answers,
-    fmt_batch,
-    fmt_duration,
-    fmt_ms,
-    fmt_pct,
-    fmt_rate,
-    ranks_text,
+    fix_given,
     render_verdict,
 )
+from auditor.report.terminal import fixes_by_rank as fixes_by_rank
 from auditor.samples import DeviceSample
+from auditor.wording import (
+    MISSING,
+    fmt_bytes,
+    fmt_cores,
+    fmt_count,
+    fmt_duration,
+    fmt_mib,
+    fmt_speedup,
+    is_number,
+    ranks_text,
+    speedup_worth_naming,
+)
+from auditor.wording import finite_or_zero as _num
 
 # The step breakdown, in step order (labels of the stacked bar).
 BREAKDOWN = (
@@ -75,7 +93,7 @@ _PHASE_COLORS = {
     "collective wait": "#bcbd22",
     "other": "#c7c7c7",
 }
-# The measured memory budget by part (labels of the stacked bar) and the report's key for each.
+# The measured memory budget by part (labels of the stacked bar) and the report's field for each.
 MEMORY_PARTS = (
     ("parameters", "param_bytes"),
     ("gradients", "grad_bytes"),
@@ -107,7 +125,7 @@ _CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
 # entry points
 
 
-def write_html_for_run(path: str, report: Mapping[str, Any], store: SampleStore) -> None:
+def write_html_for_run(path: str, report: ReportLike, store: SampleStore) -> None:
     """The HTML page of a finished ``auditor run``: its report plus the store's whole run."""
     write_html(path, report, series=series_snapshot(store))
 
@@ -122,7 +140,7 @@ def series_snapshot(store: SampleStore) -> Snapshot | None:
 
 def write_html(
     path: str | os.PathLike[str],
-    report: Mapping[str, Any],
+    report: ReportLike,
     *,
     series: Snapshot | None,
     source: str = "",
@@ -133,17 +151,18 @@ def write_html(
 
 
 def render_html(
-    report: Mapping[str, Any],
+    report: ReportLike,
     *,
     series: Snapshot | None = None,
     source: str = "",
     problems: Sequence[str] = (),
 ) -> str:
-    """The whole page as one string."""
-    job: Mapping[str, Any] = report.get("job") or {}
-    ranks = _report_ranks(report)
-    findings = _sorted_findings(report.get("findings") or ())
-    verdict_text = render_verdict(report)
+    """The whole page as one string (a JSON document is read as a report first)."""
+    rep = as_report(report)
+    job = rep.job
+    ranks = rep.sorted_ranks
+    findings = rep.sorted_findings
+    verdict_text = render_verdict(rep)
     headline, severity = _headline(verdict_text, findings)
 
     figures: list[tuple[str, str, go.Figure | None, str]] = []
@@ -208,8 +227,8 @@ def render_html(
         pair = sections.pop("breakdown") + sections.pop("memory-budget")
         sections = {"pair": f'<div class="pair">{pair}</div>', **sections}
     plot_sections = "\n".join(sections.values())
-    title = f"Auditor report: {job.get('name') or 'job'}"
-    generated = str(report.get("generated_at") or "")
+    title = f"Auditor report: {job.name or 'job'}"
+    generated = str(rep.generated_at or "")
     made = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     parts = [
         "<!DOCTYPE html>",
@@ -228,9 +247,9 @@ def render_html(
         plot_sections,
         _findings_section(findings),
         _ranks_section(ranks),
-        _notes_section(report, problems),
+        _notes_section(rep, problems),
         '<footer class="muted">',
-        f"Report {_e(str(report.get('schema') or ''))} generated {_e(generated)}",
+        f"Report {_e(rep.schema)} generated {_e(generated)}",
         f"{'from ' + _e(source) + ' ' if source else ''}- page made {_e(made)} by GPU Balance "
         f"Auditor with plotly.js {_e(get_plotlyjs_version())} embedded; it opens offline.",
         "</footer>",
@@ -249,12 +268,12 @@ def render_html(
 # figures
 
 
-def breakdown_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
+def breakdown_figure(ranks: Sequence[RankEntry]) -> go.Figure | None:
     """Stacked bar per rank: the step's phases in ms (medians; 'other' is what they leave)."""
-    timed = [r for r in ranks if _num(r.get("step_s"))]
+    timed = [r for r in ranks if _num(r.step_s)]
     if not timed:
         return None
-    labels = [f"rank {r['rank']}" for r in timed]
+    labels = [f"rank {r.rank}" for r in timed]
     values: dict[str, list[float]] = {name: [] for name in (*BREAKDOWN, "other")}
     for r in timed:
         parts = breakdown_ms(r)
@@ -273,7 +292,7 @@ def breakdown_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
                 hovertemplate="%{x}: " + name + " %{y:.1f} ms<extra></extra>",
             )
         )
-    steps = [round(float(r["step_s"]) * 1e3, 3) for r in timed]
+    steps = [round(_num(r.step_s) * 1e3, 3) for r in timed]
     fig.add_trace(
         go.Scatter(
             name="step (median)",
@@ -291,24 +310,23 @@ def breakdown_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
     return fig
 
 
-def breakdown_ms(rank: Mapping[str, Any]) -> dict[str, float]:
+def breakdown_ms(rank: RankEntry) -> dict[str, float]:
     """One report rank entry's step split into the breakdown's parts, in ms (0 if unmeasured)."""
-    wait = _num(rank.get("collective_wait_s"))
-    backward = _num(rank.get("backward_s"))  # exclusive: the collective wait is not in it
     parts = {
-        "data wait": _num(rank.get("data_wait_s")),
-        "h2d": _num(rank.get("h2d_s")),
-        "forward": _num(rank.get("forward_s")),
-        "backward (own work)": backward,
-        "optimizer": _num(rank.get("optimizer_s")),
-        "collective wait": wait,
+        "data wait": _num(rank.data_wait_s),
+        "h2d": _num(rank.h2d_s),
+        "forward": _num(rank.forward_s),
+        # exclusive: the collective wait is not in it
+        "backward (own work)": _num(rank.backward_s),
+        "optimizer": _num(rank.optimizer_s),
+        "collective wait": _num(rank.collective_wait_s),
     }
-    step = _num(rank.get("step_s"))
+    step = _num(rank.step_s)
     parts["other"] = max(0.0, step - sum(parts.values()))
     return {k: v * 1e3 for k, v in parts.items()}
 
 
-def memory_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
+def memory_figure(ranks: Sequence[RankEntry]) -> go.Figure | None:
     """Stacked bar per rank: its measured memory budget by part, with the rank's limit.
 
     None where no rank sent a budget. Activations are at the rank's median batch (activations
@@ -318,7 +336,7 @@ def memory_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
     :data:`LIMIT_SHOWN_FROM` of it; each bar's total and its share of the limit are written
     above it either way.
     """
-    rows = [(r, b) for r in ranks if (b := _budget_of(r)) is not None]
+    rows = [(r, r.budget) for r in ranks if r.budget is not None]
     if not rows:
         return None
     parts = [memory_parts(r, b) for r, b in rows]
@@ -328,7 +346,7 @@ def memory_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
     biggest = max([*totals, *(lim for lim, _ in limits if lim is not None)], default=0.0)
     if biggest < (1 << 30):
         unit, size = ("MiB", float(1 << 20))
-    labels = [f"rank {r['rank']}" for r, _ in rows]
+    labels = [f"rank {r.rank}" for r, _ in rows]
     fig = go.Figure()
     for name, _key in MEMORY_PARTS:
         ys = [p[name] for p in parts]
@@ -394,35 +412,29 @@ def memory_figure(ranks: Sequence[Mapping[str, Any]]) -> go.Figure | None:
     return fig
 
 
-def memory_parts(rank: Mapping[str, Any], budget: Mapping[str, Any]) -> dict[str, float]:
+def memory_parts(rank: RankEntry, budget: BudgetEntry) -> dict[str, float]:
     """One rank's budget by part in bytes (0 where not measured); activations at the rank's
     median batch where both are known."""
-    out = {name: _num(budget.get(key)) for name, key in MEMORY_PARTS}
-    per = _num(budget.get("activation_bytes_per_sample"))
-    batch = _num(rank.get("batch_size"))
+    out = {name: _num(getattr(budget, key)) for name, key in MEMORY_PARTS}
+    per = _num(budget.activation_bytes_per_sample)
+    batch = _num(rank.batch_size)
     if per > 0 and batch > 0:
         out["activations"] = per * batch
     return out
 
 
-def budget_limit(budget: Mapping[str, Any]) -> tuple[float | None, str]:
+def budget_limit(budget: BudgetEntry) -> tuple[float | None, str]:
     """What the rank may use, and what that is: its GPU's total, else its share of the host's
     available memory (available / the ranks on the host)."""
-    device = _num(budget.get("device_total_bytes"))
+    device = _num(budget.device_total_bytes)
     if device > 0:
         return device, "device total"
-    avail = budget.get("host_available_bytes")
-    if isinstance(avail, (int, float)) and not isinstance(avail, bool):
-        local = budget.get("local_ranks")
+    avail = budget.host_available_bytes
+    if is_number(avail):
+        local = budget.local_ranks
         n = local if isinstance(local, int) and local > 0 else 1
         return float(avail) / n, "the host's available memory / its ranks"
     return None, "not measured"
-
-
-def _budget_of(rank: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    memory = rank.get("memory")
-    budget = memory.get("budget") if isinstance(memory, Mapping) else None
-    return budget if isinstance(budget, Mapping) else None
 
 
 def step_time_figure(snap: Snapshot) -> go.Figure | None:
@@ -635,9 +647,9 @@ def _r(values: Sequence[float], digits: int) -> list[float]:
 def _verdict_section(
     headline: str,
     severity: str,
-    job: Mapping[str, Any],
-    ranks: Sequence[Mapping[str, Any]],
-    findings: Sequence[Mapping[str, Any]],
+    job: JobSummary,
+    ranks: Sequence[RankEntry],
+    findings: Sequence[ReportFinding],
     verdict_text: str,
 ) -> str:
     out = [f'<section id="verdict" class="verdict sev-{_e(severity)}">']
@@ -651,20 +663,19 @@ def _verdict_section(
         for rank, items in fixes:
             # Each fix once, with every finding it answers (two findings often name one fix).
             for fix, answered in items:
-                sev = max((str(f.get("severity", "info")) for f in answered), key=_severity_rank)
+                sev = min((f.severity for f in answered), key=severity_key)
                 tags = []
                 for f in answered:
-                    tag = f"{f.get('kind')}, {f.get('severity', 'info')}"
-                    speed = f.get("predicted_speedup")
-                    if isinstance(speed, (int, float)) and speed >= 1.02:
-                        tag += f", predicted {speed:.1f}x"
+                    tag = f"{f.kind}, {f.severity}"
+                    if speedup_worth_naming(f.predicted_speedup):
+                        tag += f", predicted {fmt_speedup(f.predicted_speedup)}"
                     tags.append(tag)
                 out.append(
                     f'<li class="sev-{_e(sev)}" data-rank="{rank}"><b>rank {rank}</b>: '
                     f'{_e(fix)} <span class="muted">({_e("; ".join(tags))})</span></li>'
                 )
         out.append("</ul>")
-    elif any(_level(f) >= 1 for f in findings):
+    elif any(f.at_least("warning") for f in findings):
         out.append('<p class="muted">The findings carry no per-rank fix.</p>')
     out.append(
         '<details id="verdict-text"><summary>The verdict as the terminal prints it</summary>'
@@ -672,26 +683,6 @@ def _verdict_section(
     )
     out.append("</section>")
     return "\n".join(out)
-
-
-def fixes_by_rank(
-    findings: Sequence[Mapping[str, Any]],
-) -> list[tuple[int, list[tuple[str, list[Mapping[str, Any]]]]]]:
-    """Every rank's fixes, each fix once with the findings it answers (ranks in order; fixes in
-    the order of the first finding that gives them, most severe first as findings come)."""
-    grouped: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
-    for f in findings:
-        for key, fix in (f.get("fixes") or {}).items():
-            try:
-                rank = int(key)
-            except (TypeError, ValueError):
-                continue
-            grouped.setdefault(rank, {}).setdefault(str(fix), []).append(f)
-    return [(rank, list(by_fix.items())) for rank, by_fix in sorted(grouped.items())]
-
-
-def _severity_rank(severity: str) -> int:
-    return severity_rank(severity)
 
 
 def _plot_section(key: str, title: str, present: bool, missing: str) -> str:
@@ -703,38 +694,34 @@ def _plot_section(key: str, title: str, present: bool, missing: str) -> str:
     return f'<section class="chart" id="section-{_e(key)}"><h2>{_e(title)}</h2>{body}</section>'
 
 
-def _findings_section(findings: Sequence[Mapping[str, Any]]) -> str:
+def _findings_section(findings: Sequence[ReportFinding]) -> str:
     out = ['<section id="findings"><h2>Findings and their evidence</h2>']
     answers = fix_answers(findings)
     given: dict[tuple[int, str], str] = {}
     if not findings:
         out.append('<p class="muted">No finding.</p>')
     for i, f in enumerate(findings):
-        sev = str(f.get("severity", "info"))
-        ranks = [int(r) for r in f.get("ranks") or ()]
-        head = f"{f.get('kind', '?')} ({sev})"
-        if ranks:
-            head += f": {ranks_text(ranks)}"
-        out.append(f'<article class="finding sev-{_e(sev)}" id="finding-{i}">')
+        head = f"{f.kind} ({f.severity})"
+        if f.ranks:
+            head += f": {ranks_text(f.ranks)}"
+        out.append(f'<article class="finding sev-{_e(f.severity)}" id="finding-{i}">')
         out.append(f"<h3>{_e(head)}</h3>")
         facts = []
-        speed = f.get("predicted_speedup")
-        if isinstance(speed, (int, float)):
-            facts.append(f"predicted speed-up {speed:.2f}x")
-        if f.get("cause"):
-            facts.append(f"caused by {f['cause']}")
+        if is_number(f.predicted_speedup):
+            facts.append(f"predicted speed-up {fmt_speedup(f.predicted_speedup, 2)}")
+        if f.cause:
+            facts.append(f"caused by {f.cause}")
         if facts:
             out.append(f'<p class="muted">{_e("; ".join(facts))}</p>')
-        if f.get("summary"):
-            out.append(f"<p>{_e(str(f['summary']))}</p>")
-        fixes = f.get("fixes") or {}
-        if fixes:
+        if f.summary:
+            out.append(f"<p>{_e(f.summary)}</p>")
+        if f.fixes:
             out.append("<ul>")
-            for rank, fix in sorted(fixes.items(), key=lambda kv: str(kv[0]).zfill(6)):
+            for rank, fix in sorted(f.fixes.items()):
                 text = _fix_once(rank, fix, f, answers, given)
-                out.append(f"<li><b>rank {_e(str(rank))}</b>: {text}</li>")
+                out.append(f"<li><b>rank {rank}</b>: {text}</li>")
             out.append("</ul>")
-        rows = _flatten(f.get("evidence") or {})
+        rows = _flatten(f.evidence)
         if rows:
             out.append('<table class="evidence"><thead><tr><th>evidence</th><th>value</th>')
             out.append("</tr></thead><tbody>")
@@ -747,41 +734,30 @@ def _findings_section(findings: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _fix_once(
-    rank: Any,
-    fix: Any,
-    finding: Mapping[str, Any],
+    rank: int,
+    fix: str,
+    finding: ReportFinding,
     answers: Mapping[tuple[int, str], Sequence[str]],
     given: dict[tuple[int, str], str],
 ) -> str:
     """A finding's fix for one rank, as escaped HTML: the text the first time it is given (with
     the findings it answers where several give it), a pointer to that finding after."""
-    try:
-        key: tuple[int, str] | None = (int(rank), str(fix))
-    except (TypeError, ValueError):
-        key = None
-    if key is not None and key in given:
-        return f'<span class="muted">the fix given under {_e(given[key])}, above</span>'
-    text = _e(str(fix))
-    kinds = answers.get(key, ()) if key is not None else ()
-    if len(kinds) > 1:
+    earlier, kinds = fix_given(rank, fix, finding.kind, answers, given)
+    if earlier is not None:
+        return f'<span class="muted">the fix given under {_e(earlier)}, above</span>'
+    text = _e(fix)
+    if kinds:
         text += f' <span class="muted">(answers {_e(", ".join(kinds))})</span>'
-    if key is not None:
-        given[key] = str(finding.get("kind", "?"))
     return text
 
 
-def _ranks_section(ranks: Sequence[Mapping[str, Any]]) -> str:
-    titles = (
+def _ranks_section(ranks: Sequence[RankEntry]) -> str:
+    head = (
         "rank",
         "host",
         "device",
         "steps",
-        "step ms",
-        "data %",
-        "compute ms",
-        "wait ms",
-        "batch",
-        "samples/s",
+        *titles(FIGURE_COLUMNS),
         "workers",
         "worker cpu",
         "rss MiB",
@@ -791,58 +767,43 @@ def _ranks_section(ranks: Sequence[Mapping[str, Any]]) -> str:
         out.append('<p class="muted">No rank reported.</p></section>')
         return "\n".join(out)
     out.append("<table><thead><tr>")
-    out.extend(f"<th>{_e(t)}</th>" for t in titles)
+    out.extend(f"<th>{_e(t)}</th>" for t in head)
     out.append("</tr></thead><tbody>")
     for r in ranks:
-        memory = r.get("memory") or {}
-        rss = memory.get("rss_bytes") if isinstance(memory, Mapping) else None
-        loader = r.get("loader") or {}
-        configured = loader.get("num_workers") if isinstance(loader, Mapping) else None
-        workers = r.get("workers")
-        worker_text = "-" if workers is None else str(workers)
+        configured = r.loader_workers
+        worker_text = fmt_count(r.workers)
         if configured is not None:
             worker_text += f" (of {configured})"
-        cpu = r.get("worker_cpu")
-        cells = [
-            str(r.get("rank")),
-            str(r.get("host") or "-"),
-            str(r.get("device") or "-"),
-            "-" if r.get("steps") is None else str(r.get("steps")),
-            fmt_ms(r.get("step_s")),
-            fmt_pct(r.get("data_wait_ratio")),
-            fmt_ms(r.get("compute_s")),
-            fmt_ms(r.get("collective_wait_s")),
-            fmt_batch(r.get("batch_size")),
-            fmt_rate(r.get("samples_per_s")),
+        row = [
+            str(r.rank),
+            r.host or MISSING,
+            r.device or MISSING,
+            fmt_count(r.steps),
+            *cells(r, FIGURE_COLUMNS),
             worker_text,
-            "-" if cpu is None else f"{cpu:.2f}",
-            "-" if rss is None else f"{rss / (1 << 20):.0f}",
+            fmt_cores(r.worker_cpu),
+            fmt_mib(r.memory.rss_bytes),
         ]
-        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
     out.append("</tbody></table>")
-    unmeasured = [
-        f"rank {r.get('rank')}: {', '.join(str(p) for p in r.get('unmeasured') or ())}"
-        for r in ranks
-        if r.get("unmeasured")
-    ]
+    unmeasured = [f"rank {r.rank}: {', '.join(r.unmeasured)}" for r in ranks if r.unmeasured]
     if unmeasured:
         out.append(f'<p class="muted">Not measured: {_e("; ".join(unmeasured))}</p>')
     out.append("</section>")
     return "\n".join(out)
 
 
-def _notes_section(report: Mapping[str, Any], problems: Sequence[str]) -> str:
-    notes = [str(n) for n in report.get("notes") or ()]
-    if not notes and not problems:
+def _notes_section(report: Report, problems: Sequence[str]) -> str:
+    if not report.notes and not problems:
         return ""
     out = ['<section id="notes"><h2>Notes</h2><ul>']
-    out.extend(f"<li>{_e(n)}</li>" for n in notes)
+    out.extend(f"<li>{_e(n)}</li>" for n in report.notes)
     out.extend(f'<li class="problem">skipped: {_e(p)}</li>' for p in problems)
     out.append("</ul></section>")
     return "\n".join(out)
 
 
-def _headline(verdict_text: str, findings: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+def _headline(verdict_text: str, findings: Sequence[ReportFinding]) -> tuple[str, str]:
     """The verdict's first sentence (unwrapped) and the severity class of the page."""
     lines = verdict_text.splitlines()
     head = [lines[0]] if lines else ["Verdict: -"]
@@ -850,64 +811,34 @@ def _headline(verdict_text: str, findings: Sequence[Mapping[str, Any]]) -> tuple
         if not line.startswith("    "):
             break
         head.append(line.strip())
-    top = max((_level(f) for f in findings), default=0)
-    severity = SEVERITIES[top] if top >= 1 else "ok"
-    if "balanced" not in head[0] and top < 1:
+    top = min((f.severity_key for f in findings), default=len(SEVERITY_ORDER))
+    warned = top <= severity_key("warning")
+    severity = SEVERITY_ORDER[top] if warned else "ok"
+    if "balanced" not in head[0] and not warned:
         severity = "info"
     return " ".join(head), severity
 
 
-def _run_facts(job: Mapping[str, Any], n_ranks: int) -> str:
+def _run_facts(job: JobSummary, n_ranks: int) -> str:
     parts = []
-    if job.get("name"):
-        parts.append(f"job {job['name']}")
-    world = job.get("world_size") or n_ranks
+    if job.name:
+        parts.append(f"job {job.name}")
+    world = job.world_size or n_ranks
     if world:
         parts.append(f"{world} rank{'' if world == 1 else 's'}")
-    if job.get("parallel_mode") and job.get("parallel_mode") != "none":
-        parts.append(str(job["parallel_mode"]))
-    hosts = job.get("hosts") or {}
-    if hosts:
-        parts.append(f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}")
-    duration = job.get("duration_s")
-    if isinstance(duration, (int, float)):
-        parts.append(f"ran {fmt_duration(float(duration))}")
-    code = job.get("exit_code")
-    if isinstance(code, int):
-        parts.append(f"exit code {code}")
+    if job.parallel_mode and job.parallel_mode != "none":
+        parts.append(str(job.parallel_mode))
+    if job.hosts:
+        parts.append(f"{len(job.hosts)} host{'' if len(job.hosts) == 1 else 's'}")
+    if is_number(job.duration_s):
+        parts.append(f"ran {fmt_duration(float(job.duration_s))}")
+    if isinstance(job.exit_code, int):
+        parts.append(f"exit code {job.exit_code}")
     return "Run: " + ", ".join(parts) if parts else ""
 
 
 # --------------------------------------------------------------------------------------------
 # helpers
-
-
-def _report_ranks(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    ranks = [r for r in report.get("ranks") or () if isinstance(r, Mapping)]
-    return sorted(ranks, key=lambda r: int(r.get("rank", 0)))
-
-
-def _level(f: Mapping[str, Any]) -> int:
-    sev = f.get("severity")
-    return severity_rank(sev)
-
-
-def _sorted_findings(findings: Sequence[Any]) -> list[Mapping[str, Any]]:
-    fs = [f for f in findings if isinstance(f, Mapping)]
-
-    def speed(f: Mapping[str, Any]) -> float:
-        s = f.get("predicted_speedup")
-        return float(s) if isinstance(s, (int, float)) else 1.0
-
-    return sorted(fs, key=lambda f: (-_level(f), -speed(f)))
-
-
-def _num(value: Any) -> float:
-    """A measured number, or 0.0 for null (plots stack measured time only)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    v = float(value)
-    return v if math.isfinite(v) else 0.0
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:

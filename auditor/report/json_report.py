@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -47,52 +46,84 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import RankStats
 from auditor.files import write_text_atomic
-
-SCHEMA = "auditor.report/v1"
-
-JOB_KEYS = (
-    "name",
-    "command",
-    "exit_code",
-    "world_size",
-    "parallel_mode",
-    "duration_s",
-    "interrupted",
-    "hosts",
+from auditor.report.model import JOB_KEYS as JOB_KEYS
+from auditor.report.model import MEMORY_KEYS as MEMORY_KEYS
+from auditor.report.model import RANK_KEYS as RANK_KEYS
+from auditor.report.model import SCHEMA as SCHEMA
+from auditor.report.model import TOP_KEYS as TOP_KEYS
+from auditor.report.model import (
+    DeadRank,
+    JobSummary,
+    NodeEntry,
+    RankEntry,
+    Report,
+    ReportFinding,
+    jsonable,
 )
-RANK_KEYS = (
-    "rank",
-    "host",
-    "local_rank",
-    "pid",
-    "device",
-    "parallel_mode",
-    "steps",
-    "window_steps",
-    "step_s",
-    "data_wait_s",
-    "h2d_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "collective_wait_s",
-    "collective_ops",
-    "compute_s",
-    "data_wait_ratio",
-    "busy_ratio",
-    "batch_size",
-    "samples_per_s",
-    "main_cpu",
-    "worker_cpu",
-    "workers",
-    "loader",
-    "memory",
-    "unmeasured",
-    "off_thread_collectives",
-    "ended",
-)
-MEMORY_KEYS = ("rss_bytes", "allocated_bytes", "peak_bytes", "budget")
-TOP_KEYS = ("schema", "generated_at", "job", "ranks", "findings", "notes")
+from auditor.report.model import validate_report as validate_report
+
+
+def make_report(
+    *,
+    command: Sequence[str],
+    exit_code: int | None,
+    duration_s: float,
+    snapshot: Snapshot,
+    findings: Sequence[Finding],
+    job: str = "",
+    notes: Sequence[str] = (),
+    interrupted: bool = False,
+    generated_at: datetime | None = None,
+    nodes: Sequence[Mapping[str, Any]] | None = None,
+    dead_ranks: Sequence[DeadRank] | None = None,
+) -> Report:
+    """The report of one run.
+
+    ``job`` names the job (defaults to the snapshot's job name); ``generated_at`` defaults to
+    now (UTC). Works for an empty snapshot: a job that ended before any step has no ranks.
+    ``nodes`` (the job view's node states) and ``dead_ranks`` are written where given.
+    """
+    when = generated_at or datetime.now(timezone.utc)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    stats = snapshot.stats
+    views = sorted(snapshot.ranks, key=lambda v: v.info.rank)
+    ranks = tuple(
+        RankEntry.from_dict(
+            jsonable(
+                _rank_entry(
+                    view, stats[view.info.rank], snapshot.total_steps.get(view.info.rank, 0)
+                )
+            )
+        )
+        for view in views
+    )
+    world_size = max(snapshot.world_size, len(views))
+    return Report(
+        generated_at=when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        job=JobSummary(
+            name=str(job or snapshot.job),
+            command=tuple(str(c) for c in command),
+            exit_code=None if exit_code is None else int(exit_code),
+            world_size=world_size or None,
+            parallel_mode=snapshot.parallel_mode,
+            duration_s=_round(duration_s, 3),
+            interrupted=bool(interrupted),
+            hosts={
+                str(host): tuple(int(r) for r in sorted(rs))
+                for host, rs in sorted(snapshot.hosts().items())
+            },
+            nodes=(
+                tuple(NodeEntry.from_dict(jsonable(n)) for n in nodes)
+                if nodes is not None
+                else None
+            ),
+            dead_ranks=tuple(dead_ranks) if dead_ranks is not None else None,
+        ),
+        ranks=ranks,
+        findings=tuple(ReportFinding.of(f) for f in findings),
+        notes=tuple(str(n) for n in notes),
+    )
 
 
 def build_report(
@@ -107,47 +138,30 @@ def build_report(
     interrupted: bool = False,
     generated_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """The report document for one run (a plain dict of JSON types).
-
-    ``job`` names the job (defaults to the snapshot's job name); ``generated_at`` defaults to
-    now (UTC). Works for an empty snapshot: a job that ended before any step has no ranks.
-    """
-    when = generated_at or datetime.now(timezone.utc)
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    stats = snapshot.stats
-    views = sorted(snapshot.ranks, key=lambda v: v.info.rank)
-    ranks = [
-        _rank_entry(view, stats[view.info.rank], snapshot.total_steps.get(view.info.rank, 0))
-        for view in views
-    ]
-    world_size = max(snapshot.world_size, len(views))
-    hosts = {host: sorted(rs) for host, rs in sorted(snapshot.hosts().items())}
-    report: dict[str, Any] = {
-        "schema": SCHEMA,
-        "generated_at": when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "job": {
-            "name": job or snapshot.job,
-            "command": [str(c) for c in command],
-            "exit_code": exit_code,
-            "world_size": world_size or None,
-            "parallel_mode": snapshot.parallel_mode,
-            "duration_s": _round(duration_s, 3),
-            "interrupted": bool(interrupted),
-            "hosts": hosts,
-        },
-        "ranks": ranks,
-        "findings": [f.to_dict() for f in findings],
-        "notes": [str(n) for n in notes],
-    }
-    result = _jsonable(report)
-    assert isinstance(result, dict)
-    return result
+    """The report document for one run (a plain dict of JSON types): :func:`make_report`'s
+    :meth:`Report.to_dict`."""
+    return make_report(
+        command=command,
+        exit_code=exit_code,
+        duration_s=duration_s,
+        snapshot=snapshot,
+        findings=findings,
+        job=job,
+        notes=notes,
+        interrupted=interrupted,
+        generated_at=generated_at,
+    ).to_dict()
 
 
-def write_report(path: str | Path, report: Mapping[str, Any]) -> None:
+def write_report(path: str | Path, report: Report | Mapping[str, Any]) -> None:
     """Write ``report`` to ``path`` atomically (temp file in the same folder, then rename)."""
-    write_text_atomic(path, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    doc = report.to_dict() if isinstance(report, Report) else report
+    write_text_atomic(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def read_report(path: str | Path) -> Report:
+    """The report a file written by :func:`write_report` holds (errors as :func:`load_report`)."""
+    return Report.from_dict(load_report(path), source=str(path))
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
@@ -168,32 +182,6 @@ def load_report(path: str | Path) -> dict[str, Any]:
     validate_report(data, source=str(p))
     assert isinstance(data, dict)
     return data
-
-
-def validate_report(data: object, *, source: str = "report") -> None:
-    """Raise ``ValueError`` unless ``data`` has the shape of an ``auditor.report/v1`` document."""
-    if not isinstance(data, dict):
-        raise ValueError(
-            f"{source}: not an auditor report (expected a JSON object, got {type(data).__name__})"
-        )
-    schema = data.get("schema")
-    if schema != SCHEMA:
-        found = "no 'schema' key" if schema is None else f"schema {schema!r}"
-        raise ValueError(f"{source}: not an auditor report ({found}, expected {SCHEMA!r})")
-    expected: dict[str, type] = {"job": dict, "ranks": list, "findings": list, "notes": list}
-    for key, kind in expected.items():
-        if not isinstance(data.get(key), kind):
-            raise ValueError(
-                f"{source}: malformed auditor report ('{key}' must be a {kind.__name__})"
-            )
-    for i, rank in enumerate(data["ranks"]):
-        if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int):
-            raise ValueError(f"{source}: malformed auditor report (ranks[{i}] has no rank number)")
-    for i, finding in enumerate(data["findings"]):
-        if not isinstance(finding, dict) or "kind" not in finding or "severity" not in finding:
-            raise ValueError(
-                f"{source}: malformed auditor report (findings[{i}] lacks kind or severity)"
-            )
 
 
 def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any]:
@@ -311,20 +299,3 @@ def _batch(value: float | None) -> int | float | None:
     if value is None or not math.isfinite(value):
         return None
     return int(value) if float(value).is_integer() else round(value, 2)
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types only: tuples become lists, keys strings, NaN/inf become null."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value) if isinstance(value, (set, frozenset)) else value
-        return [_jsonable(v) for v in items]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    return str(value)

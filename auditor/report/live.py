@@ -19,28 +19,27 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from auditor.analysis.findings import SEVERITIES, Finding, finding_order
+from auditor.analysis.findings import Finding, severity_key
 from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import RankStats
-from auditor.report.terminal import (
+from auditor.report.columns import FIGURE_COLUMNS, cells, titles
+from auditor.report.terminal import clip
+from auditor.wording import (
     MISSING,
     PENDING,
-    clip,
-    fmt_batch,
     fmt_duration,
-    fmt_ms,
     fmt_pct,
-    fmt_rate,
     ranks_text,
     short_host,
 )
+from auditor.wording import fmt_ms_value as fmt_ms
 
 # The share of the terminal the panel may take: the job's own output keeps the rest.
 PANEL_SHARE = 2 / 3
 MIN_PANEL_LINES = 6
 # Findings listed under the table at most (the verdict lists them all at the end).
 MAX_FINDING_LINES = 3
-WARNING = SEVERITIES.index("warning")
+WARNING = severity_key("warning")
 # Past what fits, a rank is shown as slow when its local work per step exceeds the median rank's
 # by this factor, and as starved when its data wait share exceeds the median's by this much.
 SLOWER = 1.05
@@ -92,8 +91,8 @@ def steps_per_s(stats: dict[int, RankStats]) -> float | None:
 
 def serious(findings: Sequence[Finding]) -> list[Finding]:
     """Findings at warning or above, most severe and largest speed-up first."""
-    fs = [f for f in findings if f.severity_level >= WARNING]
-    return sorted(fs, key=finding_order)
+    fs = [f for f in findings if severity_key(f.severity) <= WARNING]
+    return sorted(fs, key=lambda f: (severity_key(f.severity), -(f.predicted_speedup or 1.0)))
 
 
 def blamed(findings: Sequence[Finding]) -> dict[int, Finding]:
@@ -179,19 +178,9 @@ def _finding_tag(f: Finding) -> str:
 # --------------------------------------------------------------------------------------------
 # panel (terminal)
 
-_TITLES = (
-    "rank",
-    "node",
-    "steps",
-    "step ms",
-    "data %",
-    "compute ms",
-    "wait ms",
-    "batch",
-    "samples/s",
-    "worker cpu",
-    "",
-)
+# The figure columns are the report's (auditor.report.columns): the panel reads a rank's window
+# as the verdict and the HTML page read its report entry.
+_TITLES = ("rank", "node", "steps", *titles(FIGURE_COLUMNS), "worker cpu", "")
 _LEFT = {1, 10}
 # The window columns (medians over the window): from "step ms" to "worker cpu".
 _WINDOW_COLS = range(3, 10)
@@ -408,20 +397,9 @@ def _rank_cells(s: RankStats, total: int, host: str, ended: bool) -> list[str]:
     wkr = _worker_cpu(s)
     state = "ended" if ended else ""
     if s.steps < 2 or s.step_s <= 0:
-        return [str(s.rank), short_host(host), str(total), *([PENDING] * 6), wkr, state]
-    return [
-        str(s.rank),
-        short_host(host),
-        str(total),
-        fmt_ms(s.step_s),
-        fmt_pct(s.data_wait_ratio),
-        fmt_ms(s.compute_s),
-        fmt_ms(s.collective_wait_s),
-        fmt_batch(s.batch_size),
-        fmt_rate(s.samples_per_s),
-        wkr,
-        state,
-    ]
+        pending = [PENDING] * len(FIGURE_COLUMNS)
+        return [str(s.rank), short_host(host), str(total), *pending, wkr, state]
+    return [str(s.rank), short_host(host), str(total), *cells(s, FIGURE_COLUMNS), wkr, state]
 
 
 def _worker_cpu(s: RankStats) -> str:

@@ -1,7 +1,8 @@
-"""Terminal views: the live per-rank table while a job runs, and the verdict at the end.
+"""Terminal views: the verdict at the end of a run, and the layout helpers of text views.
 
 Plain ASCII; ANSI colour only when asked for (``color=True``). Values that were not measured
-print as ``-``, never as 0; ranks without enough steps yet print ``...``.
+print as ``-``, never as 0 (figures are worded by :mod:`auditor.wording`). The verdict renders a
+:class:`~auditor.report.model.Report`.
 """
 
 from __future__ import annotations
@@ -9,17 +10,35 @@ from __future__ import annotations
 import shlex
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeGuard
 
-from auditor.analysis.budget import fmt_bytes
-from auditor.analysis.findings import SEVERITIES, severity_rank
+from auditor.report.columns import VERDICT_COLUMNS, cells, titles
+from auditor.report.model import (
+    BudgetEntry,
+    DeadRank,
+    JobSummary,
+    NodeEntry,
+    RankEntry,
+    ReportFinding,
+    ReportLike,
+    as_report,
+)
+from auditor.wording import (
+    fmt_count,
+    fmt_duration,
+    fmt_size,
+    fmt_speedup,
+    is_number,
+    ranks_text,
+    short_host,
+    speedup_worth_naming,
+)
 
-MISSING = "-"
-PENDING = "..."
 VERDICT_WIDTH = 80
 # The rules' default ``min_steps``: below it in the window they stay silent, so "balanced" would
 # claim more than was judged.
 MIN_JUDGED_STEPS = 8
+# The symptom among the findings: where a cause is as severe, the verdict names the cause.
+SYMPTOM = "utilization_imbalance"
 
 _ANSI = {"critical": "\x1b[1;31m", "warning": "\x1b[33m", "ok": "\x1b[32m", "bold": "\x1b[1m"}
 _RESET = "\x1b[0m"
@@ -29,41 +48,38 @@ _RESET = "\x1b[0m"
 # verdict
 
 
-def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
-    """The end-of-run verdict from a JSON report dict (:mod:`auditor.report.json_report`).
+def render_verdict(report: ReportLike, *, color: bool = False) -> str:
+    """The end-of-run verdict of a report (a JSON document is read as one first).
 
     Readable at 80 columns: long lines wrap with their continuation indented.
     """
-    job: Mapping[str, Any] = report.get("job") or {}
-    ranks: list[Mapping[str, Any]] = sorted(
-        (r for r in report.get("ranks") or () if isinstance(r, Mapping)),
-        key=lambda r: int(r.get("rank", 0)),
-    )
-    findings = _sorted_findings(report.get("findings") or ())
-    serious = [f for f in findings if _level(f) >= SEVERITIES.index("warning")]
-    measured = any((r.get("steps") or 0) > 0 for r in ranks)
-    most = max((_as_int(r.get("window_steps", r.get("steps"))) for r in ranks), default=0)
+    rep = as_report(report)
+    job = rep.job
+    ranks = rep.sorted_ranks
+    findings = rep.sorted_findings
+    serious = [f for f in findings if f.at_least("warning")]
+    measured = any((r.steps or 0) > 0 for r in ranks)
+    most = max((_as_int(r.window_steps) for r in ranks), default=0)
 
     out: list[str] = []
 
     def emit(text: str, indent: str = "", cont: str = "    ") -> None:
         out.extend(wrap(text, indent=indent, cont=indent + cont))
 
-    dead = [d for d in job.get("dead_ranks") or () if isinstance(d, Mapping) and d.get("first")]
+    dead = rep.first_dead
     if dead:
         # A rank that died mid-run is the first thing to know, whatever the rules found before.
         what = "; ".join(_dead_text(d) for d in dead)
         out.extend(_paint(x, "critical", color) for x in wrap(f"Verdict: {what}", cont="    "))
     elif serious:
-        top = _headline_finding(serious)
-        blamed = [int(r) for r in top.get("ranks") or ()]
-        tag = f"({top.get('kind')}, {top.get('severity')})"
-        if blamed:
-            verb = "holds" if len(blamed) == 1 else "hold"
-            head = f"Verdict: {ranks_text(blamed)} {verb} the job back {tag}"
+        top = headline_finding(serious)
+        tag = f"({top.kind}, {top.severity})"
+        if top.ranks:
+            verb = "holds" if len(top.ranks) == 1 else "hold"
+            head = f"Verdict: {ranks_text(top.ranks)} {verb} the job back {tag}"
         else:
             head = f"Verdict: the job is held back {tag}"
-        out.extend(_paint(x, str(top.get("severity")), color) for x in wrap(head, cont="    "))
+        out.extend(_paint(x, top.severity, color) for x in wrap(head, cont="    "))
     elif not measured:
         head = "Verdict: no training steps were measured - nothing to judge"
         out.extend(_paint(x, "bold", color) for x in wrap(head, cont="    "))
@@ -80,20 +96,18 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
     run = _run_line(job, len(ranks))
     if run:
         emit(run)
-    command = job.get("command") or []
-    if command:
-        emit(f"Command: {shlex.join(str(c) for c in command)}")
-    code = job.get("exit_code")
+    if job.command:
+        emit(f"Command: {shlex.join(job.command)}")
+    code = job.exit_code
     if isinstance(code, int) and code != 0:
         if code < 0:
             emit(f"The command was killed by signal {-code} (exit code {code}).")
         else:
             emit(f"The command exited with code {code}.")
-    if job.get("interrupted"):
+    if job.interrupted:
         emit("The run was interrupted: the report covers it up to that point.")
-    nodes = [n for n in job.get("nodes") or () if isinstance(n, Mapping)]
-    if nodes:
-        emit("Nodes: " + ", ".join(_node_text(n) for n in nodes))
+    if job.nodes:
+        emit("Nodes: " + ", ".join(_node_text(n) for n in job.nodes))
 
     answers = fix_answers(findings)
     given: dict[tuple[int, str], str] = {}
@@ -106,7 +120,7 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
         out.append("Per rank (medians per step):")
         out.extend("  " + line for line in _verdict_table(ranks))
 
-    budgets = _budgets(ranks)
+    budgets = rep.budgets
     if budgets:
         out.append("")
         out.append("Memory per rank (measured):")
@@ -119,49 +133,79 @@ def render_verdict(report: Mapping[str, Any], *, color: bool = False) -> str:
         out.append("")
         for phases, rs in unmeasured:
             emit(f"Not measured on {ranks_text(rs)}: {', '.join(phases)}")
-    notes = [str(n) for n in report.get("notes") or ()]
-    if notes:
+    if rep.notes:
         out.append("")
-        for note in notes:
+        for note in rep.notes:
             emit(f"Note: {note}")
     return "\n".join(out)
 
 
-def _dead_text(d: Mapping[str, Any]) -> str:
-    node = f" on {d['node']}" if d.get("node") else ""
-    last = d.get("last_step")
-    when = "before its first step" if last is None else f"after step {last}"
-    status = d.get("exit_status")
-    how = f"exit status {status}" if status is not None else "exit status unknown"
-    return f"rank {d.get('rank')}{node} died {when} ({how})"
+def headline_finding(serious: Sequence[ReportFinding]) -> ReportFinding:
+    """The most severe finding; among equals a cause beats a symptom (utilization_imbalance)."""
+    top = min(f.severity_key for f in serious)
+    same = [f for f in serious if f.severity_key == top]
+    causes = [f for f in same if f.kind != SYMPTOM]
+    return max(causes or same, key=lambda f: f.speedup)
 
 
-def _node_text(n: Mapping[str, Any]) -> str:
-    ranks = [int(r) for r in n.get("ranks") or ()]
-    held = f" ({ranks_text(ranks)})" if ranks else ""
-    return f"{n.get('node')} {n.get('state')}{held}"
+def _dead_text(d: DeadRank) -> str:
+    node = f" on {d.node}" if d.node else ""
+    when = "before its first step" if d.last_step is None else f"after step {d.last_step}"
+    how = f"exit status {d.exit_status}" if d.exit_status is not None else "exit status unknown"
+    return f"rank {d.rank}{node} died {when} ({how})"
 
 
-def fix_answers(findings: Iterable[Mapping[str, Any]]) -> dict[tuple[int, str], list[str]]:
+def _node_text(n: NodeEntry) -> str:
+    held = f" ({ranks_text(n.ranks)})" if n.ranks else ""
+    return f"{n.node} {n.state}{held}"
+
+
+def fix_answers(findings: Iterable[ReportFinding]) -> dict[tuple[int, str], list[str]]:
     """Every (rank, fix text) the findings give, with the kinds of the findings that give it,
     in the order given (two findings often name one fix: a throttled GPU is both a hardware
     straggler and the cause of the utilisation gap)."""
     out: dict[tuple[int, str], list[str]] = {}
     for f in findings:
-        for key, fix in (f.get("fixes") or {}).items():
-            try:
-                rank = int(key)
-            except (TypeError, ValueError):
-                continue
-            kinds = out.setdefault((rank, str(fix)), [])
-            kind = str(f.get("kind", "?"))
-            if kind not in kinds:
-                kinds.append(kind)
+        for rank, fix in f.fixes.items():
+            kinds = out.setdefault((rank, fix), [])
+            if f.kind not in kinds:
+                kinds.append(f.kind)
     return out
 
 
+def fixes_by_rank(
+    findings: Iterable[ReportFinding],
+) -> list[tuple[int, list[tuple[str, list[ReportFinding]]]]]:
+    """ "What to change, per rank": every rank's fixes, each fix once with every finding it
+    answers (ranks in order; fixes in the order of the first finding that gives them, most
+    severe first as findings come). The terminal, the HTML page and the JSON agree on it."""
+    grouped: dict[int, dict[str, list[ReportFinding]]] = {}
+    for f in findings:
+        for rank, fix in f.fixes.items():
+            grouped.setdefault(rank, {}).setdefault(fix, []).append(f)
+    return [(rank, list(by_fix.items())) for rank, by_fix in sorted(grouped.items())]
+
+
+def fix_given(
+    rank: int,
+    fix: str,
+    kind: str,
+    answers: Mapping[tuple[int, str], Sequence[str]],
+    given: dict[tuple[int, str], str],
+) -> tuple[str | None, list[str]]:
+    """A finding's fix for ``rank``, said once: ``(None, kinds)`` the first time it is given
+    (``kinds``: every finding it answers, where several give it), ``(kind, [])`` after, naming
+    the finding that gave it."""
+    key = (rank, fix)
+    if key in given:
+        return given[key], []
+    given[key] = kind
+    kinds = list(answers.get(key, ()))
+    return None, kinds if len(kinds) > 1 else []
+
+
 def _finding_lines(
-    f: Mapping[str, Any],
+    f: ReportFinding,
     color: bool,
     answers: Mapping[tuple[int, str], Sequence[str]] | None = None,
     given: dict[tuple[int, str], str] | None = None,
@@ -169,105 +213,76 @@ def _finding_lines(
     """A finding: its head, its summary, and each rank's fix. A fix an earlier finding already
     gave (``given``) is named, not repeated; one that answers several findings (``answers``)
     says which."""
-    severity = str(f.get("severity", "info"))
-    ranks = [int(r) for r in f.get("ranks") or ()]
-    head = f"{f.get('kind', '?')} ({severity})"
-    if ranks:
-        head += f": {ranks_text(ranks)}"
-    speedup = f.get("predicted_speedup")
-    if isinstance(speedup, (int, float)) and speedup >= 1.02:
-        head += f", predicted speed-up {speedup:.1f}x"
-    if f.get("cause"):
-        head += f", caused by {f['cause']}"
-    lines = [_paint(x, severity, color) for x in wrap(head, cont="    ")]
-    summary = str(f.get("summary") or "")
-    if summary:
-        lines.extend(wrap(summary, indent="  ", cont="    "))
-    fixes = f.get("fixes") or {}
+    head = f"{f.kind} ({f.severity})"
+    if f.ranks:
+        head += f": {ranks_text(f.ranks)}"
+    if speedup_worth_naming(f.predicted_speedup):
+        head += f", predicted speed-up {fmt_speedup(f.predicted_speedup)}"
+    if f.cause:
+        head += f", caused by {f.cause}"
+    lines = [_paint(x, f.severity, color) for x in wrap(head, cont="    ")]
+    if f.summary:
+        lines.extend(wrap(f.summary, indent="  ", cont="    "))
     answers = answers or {}
     given = {} if given is None else given
-    kind = str(f.get("kind", "?"))
-    for rank, fix in sorted(fixes.items(), key=lambda kv: _int_key(kv[0])):
-        try:
-            key: tuple[int, str] | None = (int(rank), str(fix))
-        except (TypeError, ValueError):
-            key = None
-        if key is not None and key in given:
-            text = f"rank {rank}: the fix given under {given[key]} above"
+    for rank, fix in sorted(f.fixes.items()):
+        earlier, kinds = fix_given(rank, fix, f.kind, answers, given)
+        if earlier is not None:
+            text = f"rank {rank}: the fix given under {earlier} above"
         else:
             text = f"rank {rank}: {fix}"
-            kinds = answers.get(key, ()) if key is not None else ()
-            if len(kinds) > 1:
+            if kinds:
                 text += f" (answers {', '.join(kinds)})"
-            if key is not None:
-                given[key] = kind
         lines.extend(wrap(text, indent="  ", cont="      "))
     return lines
 
 
-def _verdict_table(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
-    titles = ("rank", "host", "steps", "step ms", "data %", "compute ms", "wait ms", "batch")
-    rows = []
-    for r in ranks:
-        step = r.get("step_s")
-        ratio = r.get("data_wait_ratio")
-        rows.append(
-            [
-                str(r.get("rank")),
-                short_host(str(r.get("host") or ""), 16),
-                fmt_count(r.get("steps")),
-                fmt_ms(step),
-                fmt_pct(ratio) if ratio is not None else MISSING,
-                fmt_ms(r.get("compute_s")),
-                fmt_ms(r.get("collective_wait_s")),
-                fmt_batch(r.get("batch_size")),
-            ]
-        )
-    return [clip(line, VERDICT_WIDTH - 2) for line in table(titles, rows, left={1})]
+def _verdict_table(ranks: Sequence[RankEntry]) -> list[str]:
+    head = ("rank", "host", "steps", *titles(VERDICT_COLUMNS))
+    rows = [
+        [str(r.rank), short_host(r.host or "", 16), fmt_count(r.steps), *cells(r, VERDICT_COLUMNS)]
+        for r in ranks
+    ]
+    return [clip(line, VERDICT_WIDTH - 2) for line in table(head, rows, left={1})]
 
 
-def _budgets(ranks: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
-    """Each rank's measured memory budget (``memory.budget`` of the report), where it sent one."""
-    out: dict[int, Mapping[str, Any]] = {}
-    for r in ranks:
-        memory = r.get("memory")
-        budget = memory.get("budget") if isinstance(memory, Mapping) else None
-        if isinstance(budget, Mapping):
-            out[_as_int(r.get("rank"))] = budget
-    return out
+# The budget table's parts, in column order: (title, field of BudgetEntry).
+MEMORY_COLUMNS = (
+    ("params", "param_bytes"),
+    ("grads", "grad_bytes"),
+    ("optimizer", "optimizer_bytes"),
+    ("buffers", "buffer_bytes"),
+    ("act/sample", "activation_bytes_per_sample"),
+    ("act/step", "activation_bytes_per_step"),
+)
 
 
-def _memory_table(
-    ranks: Sequence[Mapping[str, Any]], budgets: Mapping[int, Mapping[str, Any]]
-) -> list[str]:
+def _memory_table(ranks: Sequence[RankEntry], budgets: Mapping[int, BudgetEntry]) -> list[str]:
     """The budget by part, one row per rank (``-`` where a rank sent none or a part is not
     measured). Seven columns of at most 10 characters: 78 columns at most."""
-    titles = ("rank", "params", "grads", "optimizer", "buffers", "act/sample", "act/step")
-    keys = (
-        "param_bytes",
-        "grad_bytes",
-        "optimizer_bytes",
-        "buffer_bytes",
-        "activation_bytes_per_sample",
-        "activation_bytes_per_step",
-    )
+    titles = ("rank", *(t for t, _ in MEMORY_COLUMNS))
     rows = []
     for r in ranks:
-        b = budgets.get(_as_int(r.get("rank"))) or {}
-        rows.append([str(r.get("rank")), *(fmt_size(b.get(k)) for k in keys)])
+        b = budgets.get(r.rank)
+        rows.append(
+            [
+                str(r.rank),
+                *(fmt_size(None if b is None else getattr(b, k)) for _, k in MEMORY_COLUMNS),
+            ]
+        )
     return [clip(line, VERDICT_WIDTH - 2) for line in table(titles, rows, left=set())]
 
 
-def _memory_notes(budgets: Mapping[int, Mapping[str, Any]]) -> list[str]:
+def _memory_notes(budgets: Mapping[int, BudgetEntry]) -> list[str]:
     """What the table leaves out: the batch of the sampled forward, modules outside the model,
     and the memory each rank may use (its device's total, or its share of the host's
     available memory)."""
     every = sorted(budgets)
     notes = []
     batches = {
-        r: f"batch {b['activation_batch']}"
+        r: f"batch {b.activation_batch}"
         for r, b in budgets.items()
-        if _measured(b.get("activation_bytes_per_step")) and b.get("activation_batch")
+        if is_number(b.activation_bytes_per_step) and b.activation_batch
     }
     if batches:
         at = _grouped(batches, every)
@@ -276,9 +291,9 @@ def _memory_notes(budgets: Mapping[int, Mapping[str, Any]]) -> list[str]:
         )
         notes.append(f"act/step: what one sampled forward saved for backward {where}.")
     other = {
-        r: fmt_size(b["other_module_bytes"])
+        r: fmt_size(b.other_module_bytes)
         for r, b in budgets.items()
-        if _measured(b.get("other_module_bytes")) and b["other_module_bytes"] > 0
+        if is_number(b.other_module_bytes) and b.other_module_bytes > 0
     }
     if other:
         notes.append(
@@ -289,15 +304,15 @@ def _memory_notes(budgets: Mapping[int, Mapping[str, Any]]) -> list[str]:
     return notes
 
 
-def _limit_text(b: Mapping[str, Any]) -> str:
+def _limit_text(b: BudgetEntry) -> str:
     """The device's total on a GPU; on a CPU job the host's available memory over its ranks."""
-    device = b.get("device_total_bytes")
-    if _measured(device) and device > 0:
+    device = b.device_total_bytes
+    if is_number(device) and device > 0:
         return f"device total {fmt_size(device)}"
-    avail = b.get("host_available_bytes")
-    if not _measured(avail):
+    avail = b.host_available_bytes
+    if not is_number(avail):
         return "not measured"
-    local = max(1, _as_int(b.get("local_ranks")))
+    local = max(1, _as_int(b.local_ranks))
     text = f"host memory available {fmt_size(avail / local)}"
     if local > 1:
         text += f" ({fmt_size(avail)} shared by {local} ranks)"
@@ -315,74 +330,37 @@ def _grouped(texts: Mapping[int, str], every: Sequence[int]) -> list[str]:
     return [f"{ranks_text(rs)}: {text}" for text, rs in groups.items()]
 
 
-def _measured(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _run_line(job: Mapping[str, Any], n_ranks: int) -> str:
+def _run_line(job: JobSummary, n_ranks: int) -> str:
     parts: list[str] = []
-    if job.get("name"):
-        parts.append(f"job {job['name']}")
-    world = job.get("world_size") or n_ranks
+    if job.name:
+        parts.append(f"job {job.name}")
+    world = job.world_size or n_ranks
     if world:
         parts.append(f"{world} rank{'' if world == 1 else 's'}")
-    mode = job.get("parallel_mode")
+    mode = job.parallel_mode
     if mode and mode != "none":
         parts.append(str(mode))
-    hosts = job.get("hosts") or {}
-    if len(hosts) > 1:
-        parts.append(f"{len(hosts)} hosts")
-    duration = job.get("duration_s")
-    if isinstance(duration, (int, float)):
-        parts.append(f"ran {fmt_duration(float(duration))}")
+    if len(job.hosts) > 1:
+        parts.append(f"{len(job.hosts)} hosts")
+    if is_number(job.duration_s):
+        parts.append(f"ran {fmt_duration(float(job.duration_s))}")
     return f"Run: {', '.join(parts)}" if parts else ""
 
 
-def _unmeasured(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[tuple[str, ...], list[int]]]:
+def _unmeasured(ranks: Sequence[RankEntry]) -> list[tuple[tuple[str, ...], list[int]]]:
     groups: dict[tuple[str, ...], list[int]] = {}
     for r in ranks:
-        phases = tuple(str(p) for p in r.get("unmeasured") or ())
-        if phases:
-            groups.setdefault(phases, []).append(int(r.get("rank", 0)))
+        if r.unmeasured:
+            groups.setdefault(r.unmeasured, []).append(r.rank)
     return sorted(groups.items(), key=lambda kv: kv[1])
 
 
-def _level(f: Mapping[str, Any]) -> int:
-    sev = f.get("severity")
-    return severity_rank(sev)
-
-
-def _speedup(f: Mapping[str, Any]) -> float:
-    s = f.get("predicted_speedup")
-    return float(s) if isinstance(s, (int, float)) else 1.0
-
-
-def _sorted_findings(findings: Iterable[Any]) -> list[Mapping[str, Any]]:
-    fs = [f for f in findings if isinstance(f, Mapping)]
-    return sorted(fs, key=lambda f: (-_level(f), -_speedup(f)))
-
-
-def _headline_finding(serious: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The most severe finding; among equals a cause beats a symptom (utilization_imbalance)."""
-    top = max(_level(f) for f in serious)
-    same = [f for f in serious if _level(f) == top]
-    causes = [f for f in same if f.get("kind") != "utilization_imbalance"]
-    return max(causes or same, key=_speedup)
-
-
-def _as_int(value: Any) -> int:
+def _as_int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _int_key(value: Any) -> tuple[int, str]:
-    try:
-        return (int(value), "")
-    except (TypeError, ValueError):
-        return (1 << 30, str(value))
-
-
 # --------------------------------------------------------------------------------------------
-# formatting helpers
+# layout (the wording of figures is auditor.wording's)
 
 
 def wrap(
@@ -396,65 +374,6 @@ def wrap(
         subsequent_indent=cont,
         break_on_hyphens=False,
     ) or [indent.rstrip()]
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    rs = sorted(int(r) for r in ranks)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
-
-
-def short_host(host: str, limit: int = 12) -> str:
-    """The host name without its domain, cut to ``limit`` characters."""
-    if not host:
-        return MISSING
-    name = host if _is_ip(host) else host.split(".", 1)[0]
-    return name if len(name) <= limit else name[: limit - 1] + "~"
-
-
-def _is_ip(host: str) -> bool:
-    parts = host.split(".")
-    return len(parts) == 4 and all(p.isdigit() for p in parts)
-
-
-def fmt_duration(seconds: float) -> str:
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def fmt_ms(seconds: float | None) -> str:
-    if seconds is None:
-        return MISSING
-    ms = seconds * 1e3
-    return f"{ms:.0f}" if abs(ms) >= 100 else f"{ms:.1f}"
-
-
-def fmt_pct(ratio: float | None) -> str:
-    return MISSING if ratio is None else f"{ratio * 100:.0f}%"
-
-
-def fmt_rate(value: float | None) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def fmt_batch(value: float | None) -> str:
-    if value is None:
-        return MISSING
-    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
-
-
-def fmt_count(value: Any) -> str:
-    return MISSING if value is None else str(value)
-
-
-def fmt_size(n_bytes: Any) -> str:
-    """Bytes as :func:`auditor.analysis.budget.fmt_bytes` writes them; ``-`` when not measured."""
-    return fmt_bytes(float(n_bytes)) if _measured(n_bytes) else MISSING
 
 
 def table(titles: Sequence[str], rows: Sequence[Sequence[str]], *, left: set[int]) -> list[str]:

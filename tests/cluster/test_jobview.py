@@ -132,7 +132,7 @@ def test_pipeline_report_is_the_same_from_the_view_and_from_a_recording(tmp_path
     replayed.add(read_recording(path).batch)
 
     def doc(a: Audit) -> dict[str, object]:
-        report = a.report(command=["x"], exit_code=0, duration_s=1.0)
+        report = a.report(command=["x"], exit_code=0, duration_s=1.0).to_dict()
         report.pop("generated_at")
         return report
 
@@ -146,7 +146,7 @@ def test_dead_rank_is_named_with_its_last_step() -> None:
     audit.add(Batch(steps=(step(0, 4, 1.0), step(1, 4, 1.0))))
     audit.add(Batch(ended=(1,), died=(1,)))
     audit.add(Batch(ended=(0,), died=(0,)))  # torn down after rank 1: not the cause
-    report = audit.report(command=["x"], exit_code=1, duration_s=1.0)
+    report = audit.report(command=["x"], exit_code=1, duration_s=1.0).to_dict()
     dead = report["job"]["dead_ranks"]
     assert [(d["rank"], d["last_step"], d["first"]) for d in dead] == [(1, 4, True), (0, 4, False)]
     assert any("rank 1 died after step 4" in n for n in report["notes"])

@@ -230,7 +230,7 @@ def test_inputs_are_told_apart_by_content(tmp_path: Path) -> None:
     compact = tmp_path / "compact"
     compact.write_text(json.dumps(live))
     assert sniff(str(compact)) == "report"
-    assert load_input(str(compact)).report == live
+    assert load_input(str(compact)).report.to_dict() == live
 
 
 def test_dispatch_leaves_other_commands_alone() -> None:

@@ -17,6 +17,7 @@ from auditor.report.compare import (
     render_compare,
 )
 from auditor.report.json_report import build_report
+from auditor.report.model import ReportFinding
 from tests.helpers.jobs import JobBuilder, balanced, with_rank
 
 
@@ -119,8 +120,8 @@ def test_findings_gone_new_and_remaining() -> None:
     ]
     # The same kind on other ranks is another finding.
     gone, new, remain = diff_findings(
-        [finding("data_starvation", [1], "critical", 2.0)],
-        [finding("data_starvation", [0], "critical", 2.0)],
+        [ReportFinding.from_dict(finding("data_starvation", [1], "critical", 2.0))],
+        [ReportFinding.from_dict(finding("data_starvation", [0], "critical", 2.0))],
     )
     assert len(gone) == len(new) == 1 and remain == []
 

@@ -25,6 +25,7 @@ from auditor.report.html import (
     write_html_for_run,
 )
 from auditor.report.json_report import build_report
+from auditor.report.model import BudgetEntry, RankEntry, ReportFinding
 from auditor.report.terminal import render_verdict
 from auditor.samples import MemoryBudget
 from auditor.telemetry.recorded import read_recording
@@ -173,13 +174,15 @@ def test_breakdown_adds_up_to_the_step() -> None:
         "optimizer_s": 0.005,
         "collective_wait_s": 0.050,
     }
-    parts = breakdown_ms(rank)
+    parts = breakdown_ms(RankEntry.from_dict(rank))
     assert parts["backward (own work)"] == pytest.approx(70.0)
     assert parts["collective wait"] == pytest.approx(50.0)
     assert sum(parts.values()) == pytest.approx(200.0)
     assert parts["other"] == pytest.approx(30.0)
     # Unmeasured (null) phases count as nothing, never as negative time.
-    parts = breakdown_ms({"step_s": 0.1, "backward_s": 0.05, "collective_wait_s": None})
+    parts = breakdown_ms(
+        RankEntry.from_dict({"step_s": 0.1, "backward_s": 0.05, "collective_wait_s": None})
+    )
     assert parts["backward (own work)"] == pytest.approx(50.0)
     assert parts["other"] == pytest.approx(50.0)
 
@@ -257,8 +260,8 @@ def test_each_rank_fix_is_listed_once_with_every_finding_it_answers() -> None:
         {"kind": "utilization_imbalance", "severity": "warning", "ranks": [2], "fixes": {"2": fix}},
         {"kind": "memory_headroom", "severity": "info", "ranks": [2], "fixes": {"2": "batch 64"}},
     ]
-    grouped = fixes_by_rank(findings)
-    assert [(r, [(f, [x["kind"] for x in fs]) for f, fs in items]) for r, items in grouped] == [
+    grouped = fixes_by_rank([ReportFinding.from_dict(f) for f in findings])
+    assert [(r, [(f, [x.kind for x in fs]) for f, fs in items]) for r, items in grouped] == [
         (
             2,
             [
@@ -350,7 +353,13 @@ def test_memory_bar_beside_the_breakdown_when_budgets_exist() -> None:
 
 def test_memory_limit_drawn_when_near_and_host_share_on_cpu() -> None:
     full = budget(0, device_total_bytes=900 * MIB)  # 658 MiB of 900 MiB: the limit is drawn
-    fig = memory_figure([{"rank": 0, "batch_size": 32, "memory": {"budget": _report_budget(full)}}])
+    fig = memory_figure(
+        [
+            RankEntry.from_dict(
+                {"rank": 0, "batch_size": 32, "memory": {"budget": _report_budget(full)}}
+            )
+        ]
+    )
     assert fig is not None
     limit = next(t for t in fig.data if t.name.startswith("limit"))
     assert limit.visible is True
@@ -358,16 +367,23 @@ def test_memory_limit_drawn_when_near_and_host_share_on_cpu() -> None:
     assert fig.layout.yaxis.title.text == "MiB" and limit.y == (900.0,)
     total = next(t for t in fig.data if t.name == "total")
     assert total.text == ("658.0 MiB of 900.0 MiB (73%)",)
-    cpu = _report_budget(budget(0, device_total_bytes=None, host_available_bytes=8 * GIB))
+    cpu = BudgetEntry.from_dict(
+        _report_budget(budget(0, device_total_bytes=None, host_available_bytes=8 * GIB))
+    )
     assert budget_limit(cpu) == (4 * GIB, "the host's available memory / its ranks")
-    assert budget_limit({"host_available_bytes": None}) == (None, "not measured")
+    assert budget_limit(BudgetEntry.from_dict({"host_available_bytes": None})) == (
+        None,
+        "not measured",
+    )
     # Activations without a batch from the report: the sampled forward's own.
-    assert memory_parts({"batch_size": None}, cpu)["activations"] == 256 * MIB
+    no_batch = RankEntry.from_dict({"batch_size": None})
+    assert memory_parts(no_batch, cpu)["activations"] == 256 * MIB
 
 
 def test_no_memory_chart_without_budgets(page: str) -> None:
     assert "plot-memory-budget" not in page and '<div class="pair">' not in page
-    assert memory_figure([{"rank": 0, "memory": {"budget": None}}, {"rank": 1}]) is None
+    ranks = [{"rank": 0, "memory": {"budget": None}}, {"rank": 1}]
+    assert memory_figure([RankEntry.from_dict(r) for r in ranks]) is None
 
 
 def _report_budget(b: MemoryBudget) -> dict[str, Any]:
