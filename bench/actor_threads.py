@@ -46,6 +46,10 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
         except OSError:
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if int(tid) == pid:
+            name = "main (Ray's task loop)"  # Python threads share the process's name
+        elif name.startswith("ray::"):
+            name = "Python threads (the actor's own)"
         fields = stat[stat.rindex(")") + 2 :].split()
         out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / TICK)
     return out
