@@ -44,7 +44,7 @@ def _recording(path: str, gpus: int, seconds: int = 30) -> str:
     sys.path.insert(0, c.REPO)
     from pathlib import Path
 
-    from tests.cluster.gpus import write_gpus
+    from tests.helpers.gpus import write_gpus
 
     return write_gpus(Path(path), {NODE: gpus}, seconds=seconds)
 

@@ -174,7 +174,36 @@ class RayAgent:
             except Exception:
                 pass
         if ray.is_initialized():
+            if self._owns_ray:
+                _end_autoscaler_monitor(ray)
             ray.shutdown()
+
+
+def _end_autoscaler_monitor(ray: Any) -> None:
+    """End the autoscaler monitor of the Ray this run started, before ``ray.shutdown``.
+
+    ``ray.shutdown`` ends the node's processes one at a time, the GCS before the autoscaler
+    monitor; the monitor's SIGTERM handler then tries to report its own death to the GCS that is
+    already gone, and Ray waits its full second of grace before killing it: a second on every
+    run's exit. A single-node Ray without an autoscaling config has nothing for the monitor to
+    do, so it is ended at once here. Only a process below this one whose ``--gcs-address`` is
+    this Ray's: never a cluster given with ``--address``."""
+    try:
+        import psutil
+
+        gcs = str(ray.get_runtime_context().gcs_address)
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                cmd = proc.cmdline()
+            except psutil.Error:
+                continue
+            if any(a.endswith("autoscaler/_private/monitor.py") for a in cmd) and (
+                f"--gcs-address={gcs}" in cmd
+            ):
+                proc.kill()
+                proc.wait(timeout=1)
+    except Exception:  # ray.shutdown ends it anyway, only slower
+        pass
 
 
 def ray_node_named(name: str) -> str | None:
