@@ -135,7 +135,12 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     # The auditor yields to the job (--nice, 10 by default): it and its Ray run niced, the job
     # at the priority it was started with.
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    nice = {p.pid: (p.nice(), " ".join(p.cmdline())) for p in tree}
+    nice: dict[int, tuple[int, str]] = {}
+    for p in tree:
+        try:
+            nice[p.pid] = (p.nice(), " ".join(p.cmdline()))
+        except psutil.Error:  # a short-lived child (a Ray helper, a loader worker) already gone
+            continue
     job = [n for n, cmd in nice.values() if script in cmd]
     ray_side = [n for n, cmd in nice.values() if ray_dir in cmd]
     assert len(job) >= 3 and len(ray_side) >= 2, nice
