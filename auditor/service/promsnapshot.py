@@ -61,9 +61,9 @@ def queries(window_s: float) -> dict[str, str]:
         "step_seconds": f"sum by ({r}) (increase({C.RANK_STEP_SECONDS_TOTAL.name}[{w}]))",
         "phase_seconds": f"sum by ({r}, phase) (increase({C.RANK_PHASE_SECONDS_TOTAL.name}[{w}]))",
         "samples": f"sum by ({r}) (increase({C.RANK_SAMPLES_TOTAL.name}[{w}]))",
-        "steps_total": f"max by ({r}) (last_over_time({C.RANK_STEPS_TOTAL.name}[{w}]))",
-        "memory": f"max by ({r}, memory) "
-        f"(quantile_over_time(0.5, {C.RANK_MEMORY_BYTES.name}[{w}]))",
+        # The kinds the rules read (reserved memory is the dashboards', not the rules').
+        "memory": f"max by ({r}, memory) (quantile_over_time(0.5, "
+        f'{C.RANK_MEMORY_BYTES.name}{{memory=~"{"|".join(_MEMORY_KINDS)}"}}[{w}]))',
         "cpu": f"max by ({r}, process) (avg_over_time({C.RANK_CPU_CORES.name}[{w}]))",
         "workers": f"max by ({r}) (max_over_time({C.RANK_DATALOADER_WORKERS.name}[{w}]))",
         # nodes
@@ -76,10 +76,10 @@ def queries(window_s: float) -> dict[str, str]:
         "gpu_up": f"last_over_time({C.GPU_UP.name}[{w}])",
         # ... and figures
         "gpu_samples": f"max by ({g}) (sum_over_time({C.GPU_UP.name}[{w}]))",
-        "gpu_first": f"min by ({g}) "
+        # Seconds between the first and the last GPU read in the window (one query, not two).
+        "gpu_span": f"max by ({g}) "
+        f"(max_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}])) - min by ({g}) "
         f"(min_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}]))",
-        "gpu_last": f"max by ({g}) "
-        f"(max_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}]))",
         "gpu_lost": f"max by ({g}) (max_over_time({C.GPU_LOST.name}[{w}]))",
         "gpu_mem_trend": f"max by ({g}) (deriv({C.GPU_MEMORY_USED_BYTES.name}[{w}]))",
         "gpu_mem_recent": f"max by ({g}) (deriv({C.GPU_MEMORY_USED_BYTES.name}[{half}]))",
@@ -111,8 +111,9 @@ _GPU_MAXIMA = {
     "gpu_pcie_gen_max": C.GPU_PCIE_LINK_GENERATION_MAX,
     "gpu_pcie_width": C.GPU_PCIE_LINK_WIDTH,
     "gpu_pcie_width_max": C.GPU_PCIE_LINK_WIDTH_MAX,
-    "gpu_processes": C.GPU_PROCESSES,
 }
+# Rank memory kinds the rules read (RankStats: rss, allocated, peak).
+_MEMORY_KINDS = ("rss", "allocated", "peak")
 
 Answers = Mapping[str, Answer]
 
@@ -191,7 +192,6 @@ def build_snapshots(
     seconds = col("step_seconds")
     phases = by("phase_seconds", "phase")
     samples = col("samples")
-    totals = col("steps_total")
     memory = by("memory", "memory")
     cpu = by("cpu", "process")
     workers = col("workers")
@@ -206,7 +206,6 @@ def build_snapshots(
     configs: dict[tuple[object, ...], LoaderConfig] = {}
 
     by_job: dict[str, list[RankView]] = defaultdict(list)
-    totals_of: dict[str, dict[int, int]] = defaultdict(dict)
     hosts_of: dict[str, set[str]] = defaultdict(set)
     for i, (job, rank, key) in enumerate(ranked):
         info = _rank_info(
@@ -217,9 +216,6 @@ def build_snapshots(
             job,
         )
         hosts_of[job].add(info.host)
-        total = totals[i]
-        if total is not None:
-            totals_of[job][rank] = int(total)
         mem = {k: c[i] for k, c in memory.items()}
         step = _step(
             rank,
@@ -258,7 +254,6 @@ def build_snapshots(
                 for g, gjob, _ in gpus.values()
                 if gjob == job or (not gjob and g.node in hosts_of[job])
             ),
-            total_steps=totals_of[job],
         )
         for job, views in by_job.items()
     }
@@ -273,7 +268,6 @@ _RANK_ANSWERS = (
     "step_seconds",
     "phase_seconds",
     "samples",
-    "steps_total",
     "memory",
     "cpu",
     "workers",
@@ -374,7 +368,6 @@ def _step(
         batch_size=None if samples is None else round(samples / n),
         rss_bytes=_bytes(mem.get("rss")),
         mem_allocated_bytes=_bytes(mem.get("allocated")),
-        mem_reserved_bytes=_bytes(mem.get("reserved")),
         mem_peak_bytes=_bytes(mem.get("peak")),
         count=max(1, round(n)),
     )
@@ -487,7 +480,7 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
             model=labels.get("model", ""),
             samples=answered,
             lost=v["gpu_lost"][i] == 1,
-            span_s=max(0.0, (v["gpu_last"][i] or 0.0) - (v["gpu_first"][i] or 0.0)),
+            span_s=max(0.0, v["gpu_span"][i] or 0.0),
             gpu_util=v["gpu_util"][i],
             mem_used_bytes=used,
             mem_used_max_bytes=_bytes(v["gpu_mem_used_max"][i]),
@@ -507,7 +500,7 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
             pcie_gen_max=_bytes(v["gpu_pcie_gen_max"][i]),
             pcie_width=_bytes(v["gpu_pcie_width"][i]),
             pcie_width_max=_bytes(v["gpu_pcie_width_max"][i]),
-            process_count=_bytes(v["gpu_processes"][i]) or 0,
+            process_count=0,  # no rule reads it; the dashboards have auditor_gpu_processes
             processes=(),
         )
         out[uuid] = (stats, labels.get("job", ""), labels.get("rank", ""))
@@ -516,8 +509,7 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
 
 _GPU_FIGURES = (
     "gpu_samples",
-    "gpu_first",
-    "gpu_last",
+    "gpu_span",
     "gpu_lost",
     "gpu_mem_trend",
     "gpu_mem_recent",
