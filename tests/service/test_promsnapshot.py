@@ -3,6 +3,7 @@ Prometheus returns for :func:`queries` (labels as the node endpoints export them
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -13,9 +14,12 @@ import yaml
 
 from auditor.analysis import analyze
 from auditor.analysis.devices import device_stats
+from auditor.analysis.snapshot import Snapshot
+from auditor.analysis.stats import rank_stats
 from auditor.metrics import catalog as C
 from auditor.metrics.query import Series
 from auditor.service.promsnapshot import build_snapshots, queries, running_jobs
+from tests.helpers import servejob
 from tests.helpers.tools import require_tool
 
 NOW = 1_800_000_000.0
@@ -271,3 +275,47 @@ def test_a_fleet_agents_node_cpu_counts_for_every_job_there() -> None:
     snaps = build_snapshots(answers, NOW, WINDOW)
     assert [(n.host, n.cores) for n in snaps[JOB].nodes] == [(NODE, 16)]  # its own endpoint's
     assert [(n.host, n.cores) for n in snaps["other"].nodes] == [("node-b", 32)]
+
+
+def _built_alike(snap: Snapshot) -> None:
+    """The rebuild's shortcuts change nothing: each rank's statistics are what reducing its
+    view gives, and every object is the one its constructor builds from the same fields."""
+    assert snap.ranks
+    for view in snap.ranks:
+        reduced = rank_stats(view)
+        assert vars(snap.stats[view.info.rank]) == vars(reduced), view.info.rank
+        for obj in (view, *view.steps, *view.cpu, snap.stats[view.info.rank]):
+            assert vars(dataclasses.replace(obj)) == vars(obj), obj
+    for gpu in snap.gpus:
+        assert vars(dataclasses.replace(gpu)) == vars(gpu), gpu
+
+
+def test_stats_and_objects_equal_the_reductions_and_constructors() -> None:
+    answers = two_ranks()
+    gpu_answers(answers, "GPU-a", index=0, job=JOB, rank="0")
+    gpu_answers(answers, "GPU-b", index=1, job=JOB, rank="1", reasons={"sw_thermal_slowdown": 0.6})
+    # A rank with no step in the window, one with no CPU series, NaN and unmeasured figures.
+    rank_answers(answers, 2, steps=0.0)
+    rank_answers(answers, 3, phases=WAITING)
+    answers["cpu"] = [s for s in answers["cpu"] if s.labels["rank"] != "3"]
+    answers["memory"].append(Series({"job": JOB, "rank": "0", "memory": "allocated"},
+                                    ((NOW, math.nan),)))  # fmt: skip
+    _built_alike(build_snapshots(answers, NOW, WINDOW)[JOB])
+    big = servejob.answers(64, scrape_s=15.0, now=NOW)
+    _built_alike(build_snapshots(big, NOW, servejob.WINDOW_S)[servejob.JOB])
+
+
+def test_only_the_gpus_of_the_jobs_asked_for() -> None:
+    answers = two_ranks()
+    gpu_answers(answers, "GPU-a", index=0, job=JOB, rank="0")
+    gpu_answers(answers, "GPU-free", index=2)
+    gpu_answers(answers, "GPU-other", index=3, job="other", rank="0")
+    rank_answers(answers, 0, job="other")
+    snaps = build_snapshots(answers, NOW, WINDOW, jobs=[JOB])
+    assert {g.uuid for g in snaps[JOB].gpus} == {"GPU-a", "GPU-free"}
+
+
+def test_memory_asks_only_for_the_kinds_the_rules_read() -> None:
+    expr = queries(WINDOW)["memory"]
+    assert 'memory=~"rss|allocated|peak"' in expr
+    assert not {"steps_total", "gpu_processes", "gpu_first", "gpu_last"} & set(queries(WINDOW))
