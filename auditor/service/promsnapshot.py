@@ -25,9 +25,9 @@ answers and benchmarked at 4,096 ranks without a Prometheus server.
 from __future__ import annotations
 
 from collections import defaultdict
-from math import isfinite
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from math import isfinite
 from typing import Any, TypeVar
 
 import numpy as np
