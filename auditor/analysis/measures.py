@@ -290,23 +290,28 @@ def _with_overhead(fit: MemoryFit, overhead: float) -> MemoryFit:
 
 def rank_memory_fits(
     snapshot: Snapshot, *, min_steps: int, min_samples: int
-) -> dict[int, tuple[MemoryFit | None, DeviceStats | None]]:
-    """Each ready rank's fit and its (heaviest) GPU; memory_pressure and memory_headroom both
-    read it. The only measure here that reads raw GPU samples: memory against the batch in
-    progress when each was read."""
+) -> dict[int, tuple[MemoryFit, DeviceStats | None]]:
+    """Each ready rank's fit and its (heaviest) GPU, for the ranks that have a fit;
+    memory_pressure and memory_headroom both read it. The only measure here that reads raw GPU
+    samples: memory against the batch in progress when each was read."""
     stats = ready(snapshot.stats, min_steps)
     dstats = measured_gpus(snapshot, min_samples)
     gpus_of = snapshot.gpus_of
     samples_of: dict[str, list[DeviceSample]] = {}
     for d in snapshot.devices:
         samples_of.setdefault(d.uuid, []).append(d)
-    out: dict[int, tuple[MemoryFit | None, DeviceStats | None]] = {}
+    out: dict[int, tuple[MemoryFit, DeviceStats | None]] = {}
     for view in snapshot.ranks:
         r = view.info.rank
         if r not in stats:
             continue
+        if len(view.steps) < 2 and not samples_of:
+            # One step sample (serve's window mean) and no GPU reads: not two batch sizes.
+            continue
         mine = [dstats[u] for u in gpus_of.get(r, ()) if u in dstats]
         gpu = max(mine, key=lambda d: d.mem_used_max_bytes or 0, default=None)
         samples = samples_of.get(gpu.uuid, []) if gpu is not None else []
-        out[r] = (fit_memory(view, gpu, samples), gpu)
+        fit = fit_memory(view, gpu, samples)
+        if fit is not None:
+            out[r] = (fit, gpu)
     return out

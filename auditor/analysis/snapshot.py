@@ -72,6 +72,13 @@ class Snapshot:
         """Per-rank robust statistics over the window, computed once per snapshot."""
         return {view.info.rank: rank_stats(view) for view in self.ranks}
 
+    def with_stats(self, stats: dict[int, RankStats]) -> Snapshot:
+        """This snapshot with ``stats`` already computed elsewhere: ``auditor serve`` builds them
+        from Prometheus' columns along with the ranks, equal to what reducing ``ranks`` gives
+        (tested), without reducing each rank's samples again."""
+        self.__dict__["stats"] = stats
+        return self
+
     @cached_property
     def gpu_stats(self) -> dict[str, DeviceStats]:
         """Per-GPU figures over the window by UUID, one shape for both paths: the raw samples

@@ -25,16 +25,20 @@ answers and benchmarked at 4,096 ranks without a Prometheus server.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from math import isfinite
+from typing import Any, TypeVar
+
+import numpy as np
 
 from auditor.analysis.devices import IDLE_REASONS, DeviceStats
 from auditor.analysis.snapshot import RankView, Snapshot
+from auditor.analysis.stats import RankStats
 from auditor.metrics import catalog as C
 from auditor.samples import LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
 
-from .columns import GPU, RANK, Answer, as_vector, column, columns_by, optional
+from .columns import GPU, RANK, Answer, Column, as_vector, column, columns_by, optional
 
 _MHZ = 1e6
 
@@ -61,9 +65,9 @@ def queries(window_s: float) -> dict[str, str]:
         "step_seconds": f"sum by ({r}) (increase({C.RANK_STEP_SECONDS_TOTAL.name}[{w}]))",
         "phase_seconds": f"sum by ({r}, phase) (increase({C.RANK_PHASE_SECONDS_TOTAL.name}[{w}]))",
         "samples": f"sum by ({r}) (increase({C.RANK_SAMPLES_TOTAL.name}[{w}]))",
-        "steps_total": f"max by ({r}) (last_over_time({C.RANK_STEPS_TOTAL.name}[{w}]))",
-        "memory": f"max by ({r}, memory) "
-        f"(quantile_over_time(0.5, {C.RANK_MEMORY_BYTES.name}[{w}]))",
+        # The kinds the rules read (reserved memory is the dashboards', not the rules').
+        "memory": f"max by ({r}, memory) (quantile_over_time(0.5, "
+        f'{C.RANK_MEMORY_BYTES.name}{{memory=~"{"|".join(_MEMORY_KINDS)}"}}[{w}]))',
         "cpu": f"max by ({r}, process) (avg_over_time({C.RANK_CPU_CORES.name}[{w}]))",
         "workers": f"max by ({r}) (max_over_time({C.RANK_DATALOADER_WORKERS.name}[{w}]))",
         # nodes
@@ -76,10 +80,10 @@ def queries(window_s: float) -> dict[str, str]:
         "gpu_up": f"last_over_time({C.GPU_UP.name}[{w}])",
         # ... and figures
         "gpu_samples": f"max by ({g}) (sum_over_time({C.GPU_UP.name}[{w}]))",
-        "gpu_first": f"min by ({g}) "
+        # Seconds between the first and the last GPU read in the window (one query, not two).
+        "gpu_span": f"max by ({g}) "
+        f"(max_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}])) - min by ({g}) "
         f"(min_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}]))",
-        "gpu_last": f"max by ({g}) "
-        f"(max_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}]))",
         "gpu_lost": f"max by ({g}) (max_over_time({C.GPU_LOST.name}[{w}]))",
         "gpu_mem_trend": f"max by ({g}) (deriv({C.GPU_MEMORY_USED_BYTES.name}[{w}]))",
         "gpu_mem_recent": f"max by ({g}) (deriv({C.GPU_MEMORY_USED_BYTES.name}[{half}]))",
@@ -111,8 +115,9 @@ _GPU_MAXIMA = {
     "gpu_pcie_gen_max": C.GPU_PCIE_LINK_GENERATION_MAX,
     "gpu_pcie_width": C.GPU_PCIE_LINK_WIDTH,
     "gpu_pcie_width_max": C.GPU_PCIE_LINK_WIDTH_MAX,
-    "gpu_processes": C.GPU_PROCESSES,
 }
+# Rank memory kinds the rules read (RankStats: rss, allocated, peak).
+_MEMORY_KINDS = ("rss", "allocated", "peak")
 
 Answers = Mapping[str, Answer]
 
@@ -178,26 +183,16 @@ def build_snapshots(
     )
     index = {key: i for i, (_, _, key) in enumerate(ranked)}
 
-    def col(name: str) -> list[float | None]:
-        return optional(column(vec[name], index, RANK))
-
-    def by(name: str, sub: str) -> dict[str, list[float | None]]:
-        return {k: optional(c) for k, c in columns_by(vec[name], index, RANK, sub).items()}
+    def col(name: str) -> Column:
+        return column(vec[name], index, RANK)
 
     loaders = dict(zip(RANK.all(vec["loader_info"]), vec["loader_info"].labels, strict=True))
-    config_workers = col("config_workers")
-    up = col("rank_up")
-    steps = col("steps")
-    seconds = col("step_seconds")
-    phases = by("phase_seconds", "phase")
-    samples = col("samples")
-    totals = col("steps_total")
-    memory = by("memory", "memory")
-    cpu = by("cpu", "process")
-    workers = col("workers")
-    none: list[float | None] = [None] * len(index)
+    phases = columns_by(vec["phase_seconds"], index, RANK, "phase")
+    memory = columns_by(vec["memory"], index, RANK, "memory")
+    cpu = columns_by(vec["cpu"], index, RANK, "process")
+    nan = np.full(len(index), np.nan)
 
-    gpus = _gpu_stats(answers)
+    gpus = _gpu_stats(answers, wanted)
     owned: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
     for uuid, (g, owner_job, owner_rank) in gpus.items():
         if owner_job and owner_rank:
@@ -205,8 +200,14 @@ def build_snapshots(
     nodes = _nodes(answers, now)
     configs: dict[tuple[object, ...], LoaderConfig] = {}
 
+    # Every per-rank figure as one list over the index (None: not measured), computed
+    # column-wise; the loop below only assembles objects from them.
+    rows = _rank_rows(col, phases, memory, cpu, nan)
+    config_workers = optional(col("config_workers"))
+    up = col("rank_up").tolist()
+
     by_job: dict[str, list[RankView]] = defaultdict(list)
-    totals_of: dict[str, dict[int, int]] = defaultdict(dict)
+    stats_of: dict[str, dict[int, RankStats]] = defaultdict(dict)
     hosts_of: dict[str, set[str]] = defaultdict(set)
     for i, (job, rank, key) in enumerate(ranked):
         info = _rank_info(
@@ -217,35 +218,9 @@ def build_snapshots(
             job,
         )
         hosts_of[job].add(info.host)
-        total = totals[i]
-        if total is not None:
-            totals_of[job][rank] = int(total)
-        mem = {k: c[i] for k, c in memory.items()}
-        step = _step(
-            rank,
-            now,
-            steps[i],
-            seconds[i],
-            {k: c[i] for k, c in phases.items()},
-            samples[i],
-            mem,
-        )
-        by_job[job].append(
-            RankView(
-                info=info,
-                steps=() if step is None else (step,),
-                cpu=_process_cpu(
-                    rank,
-                    now,
-                    cpu.get("main", none)[i],
-                    cpu.get("workers", none)[i],
-                    any(c[i] is not None for c in cpu.values()),
-                    workers[i],
-                    mem.get("rss"),
-                ),
-                ended=up[i] == 0,
-            )
-        )
+        view, stats = _rank(info, now, rows[i], ended=up[i] == 0)
+        by_job[job].append(view)
+        stats_of[job][rank] = stats
     return {
         job: Snapshot(
             job=job,
@@ -258,8 +233,7 @@ def build_snapshots(
                 for g, gjob, _ in gpus.values()
                 if gjob == job or (not gjob and g.node in hosts_of[job])
             ),
-            total_steps=totals_of[job],
-        )
+        ).with_stats(stats_of[job])
         for job, views in by_job.items()
     }
 
@@ -273,7 +247,6 @@ _RANK_ANSWERS = (
     "step_seconds",
     "phase_seconds",
     "samples",
-    "steps_total",
     "memory",
     "cpu",
     "workers",
@@ -342,42 +315,17 @@ def _rank_info(
     )
 
 
-def _step(
-    rank: int,
-    now: float,
-    n: float | None,
-    dt: float | None,
-    phases: Mapping[str, float | None],
-    samples: float | None,
-    mem: Mapping[str, float | None],
-) -> StepSample | None:
-    """The rank's mean step over the window (``n`` steps took ``dt`` seconds); None if no
-    step finished in it."""
-    if not n or n <= 0 or not dt or dt <= 0:
-        return None
+_T = TypeVar("_T")
 
-    def per_step(phase: str) -> float:
-        return (phases.get(phase) or 0.0) / n
 
-    wait = phases.get("collective_wait")
-    return StepSample(
-        rank=rank,
-        step=0,
-        time=now,
-        step_s=dt / n,
-        data_wait_s=per_step("data_wait"),
-        h2d_s=per_step("h2d"),
-        forward_s=per_step("forward"),
-        backward_s=per_step("backward"),
-        optimizer_s=per_step("optimizer"),
-        collective_wait_s=None if wait is None else wait / n,
-        batch_size=None if samples is None else round(samples / n),
-        rss_bytes=_bytes(mem.get("rss")),
-        mem_allocated_bytes=_bytes(mem.get("allocated")),
-        mem_reserved_bytes=_bytes(mem.get("reserved")),
-        mem_peak_bytes=_bytes(mem.get("peak")),
-        count=max(1, round(n)),
-    )
+def _new(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` from every one of its ``fields``, without
+    its generated ``__init__`` (one ``object.__setattr__`` per field: a third of the rebuild at
+    4,096 ranks). Only for classes with no ``__post_init__``; the tests check that every field
+    is given and that the result equals the constructor's."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 def _bytes(value: float | None) -> int | None:
@@ -385,30 +333,177 @@ def _bytes(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _process_cpu(
-    rank: int,
-    now: float,
-    main: float | None,
-    total: float | None,
-    seen: bool,
-    workers: float | None,
-    rss: float | None,
-) -> tuple[ProcessCpu, ...]:
-    if not seen:
-        return ()
-    n = round(workers or 0.0)
+def _nones(values: Column) -> list[Any]:
+    return [None if x != x else x for x in values.tolist()]
+
+
+def _ints(values: Column) -> list[int | None]:
+    """An integral figure (bytes, a count), None where unknown."""
+    return [None if x != x else int(x) for x in values.tolist()]
+
+
+def _rank_rows(
+    col: Callable[[str], Column],
+    phases: Mapping[str, Column],
+    memory: Mapping[str, Column],
+    cpu: Mapping[str, Column],
+    nan: Column,
+) -> list[tuple[Any, ...]]:
+    """Each rank's figures: the window's mean step (``n`` steps took ``dt`` seconds; step
+    figures None where no step finished in it) and its CPU, one tuple per rank (see
+    :func:`_rank`)."""
+    n = col("steps")
+    dt = col("step_seconds")
+    stepped = ((n > 0) & (dt > 0)).tolist()  # NaN compares False: no step
+    with np.errstate(divide="ignore", invalid="ignore"):
+
+        def per_step(phase: str) -> list[float]:
+            c = phases.get(phase, nan)
+            return (np.where(np.isnan(c), 0.0, c) / n).tolist()  # unmeasured: 0
+
+        step_s = (dt / n).tolist()
+        wait = _nones(phases.get("collective_wait", nan) / n)
+        # (infinite where no step was taken: those ranks get no step sample)
+        batch = [round(x) if isfinite(x) else None for x in (col("samples") / n).tolist()]
+        data, h2d, fwd, bwd, opt = (
+            per_step(p) for p in ("data_wait", "h2d", "forward", "backward", "optimizer")
+        )
+    count = [max(1, round(x)) if x == x else 1 for x in n.tolist()]
+    rss, allocated, peak = (_ints(memory.get(k, nan)) for k in _MEMORY_KINDS)
+    # A rank with any CPU series was seen by a node agent.
+    seen = np.zeros(len(n), dtype=bool)
+    for c in cpu.values():
+        seen |= ~np.isnan(c)
+    main = _nones(cpu.get("main", nan))
+    total = _nones(cpu.get("workers", nan))
+    workers = [round(x) if x == x else 0 for x in col("workers").tolist()]
+    return list(
+        zip(
+            stepped, step_s, data, h2d, fwd, bwd, opt, wait, batch, rss, allocated, peak, count,
+            seen.tolist(), main, total, workers, strict=True,
+        )
+    )  # fmt: skip
+
+
+def _rank(
+    info: RankInfo, now: float, row: tuple[Any, ...], *, ended: bool
+) -> tuple[RankView, RankStats]:
+    """One rank's view (its mean step, its CPU) and the statistics the rules read, which
+    :func:`auditor.analysis.stats.rank_stats` would reduce that view to, built from the same
+    figures at once."""
+    (
+        stepped, step_s, data, h2d, fwd, bwd, opt, wait, batch, rss, allocated, peak, count,
+        seen, main, total, n,
+    ) = row  # fmt: skip
+    rank = info.rank
     # The endpoint exports the workers' sum; the rules read the sum and the count.
     each = () if not n or total is None else (total / n,) * n
-    return (
-        ProcessCpu(
-            rank=rank,
-            time=now,
-            pid=0,
-            main_cpu=main,
-            worker_cpu=each,
-            rss_bytes=_bytes(rss),
-        ),
+    cpu = (
+        (
+            _new(
+                ProcessCpu,
+                {
+                    "rank": rank,
+                    "time": now,
+                    "pid": 0,
+                    "main_cpu": main,
+                    "worker_cpu": each,
+                    "rss_bytes": rss,
+                    "worker_rss_bytes": None,
+                },
+            ),
+        )
+        if seen
+        else ()
     )
+    if stepped:
+        step = _new(
+            StepSample,
+            {
+                "rank": rank,
+                "step": 0,
+                "time": now,
+                "step_s": step_s,
+                "data_wait_s": data,
+                "h2d_s": h2d,
+                "forward_s": fwd,
+                "backward_s": bwd,
+                "optimizer_s": opt,
+                "collective_wait_s": wait,
+                "batch_size": batch,
+                "rss_bytes": rss,
+                "mem_allocated_bytes": allocated,
+                "mem_reserved_bytes": None,
+                "mem_peak_bytes": peak,
+                "data_cpu_s": None,
+                "collective_ops": None,
+                "count": count,
+            },
+        )
+        figures = {
+            "steps": count,
+            "step_s": step_s or 0.0,
+            "data_wait_s": data or 0.0,
+            "h2d_s": h2d or 0.0,
+            "forward_s": fwd or 0.0,
+            "backward_s": bwd or 0.0,
+            "optimizer_s": opt or 0.0,
+            "collective_wait_s": wait,
+            "compute_s": (h2d + fwd + bwd + opt) or 0.0,
+            "batch_size": None if batch is None else float(batch),
+            "rss_bytes": None if rss is None else float(rss),
+            "mem_allocated_bytes": None if allocated is None else float(allocated),
+            "mem_peak_bytes": None if peak is None else float(peak),
+        }
+    else:
+        figures = _NO_STEP
+    workers = len(each) if seen else 0
+    view = _new(
+        RankView,
+        {
+            "info": info,
+            "steps": (step,) if stepped else (),
+            "cpu": cpu,
+            "ended": ended,
+            "memory": None,
+        },
+    )
+    stats = _new(
+        RankStats,
+        {
+            "rank": rank,
+            "host": info.host,
+            "device": info.device,
+            **figures,
+            "loader": info.loader,
+            "data_cpu_s": None,
+            "collective_ops": None,
+            "main_cpu": main if seen else None,
+            "worker_cpu": sum(each) if workers else None,
+            "workers": workers,
+            "worker_rss_bytes": None,
+            "main_rss_bytes": None if not seen or rss is None else float(rss),
+        },
+    )
+    return view, stats
+
+
+# A rank with no step in the window: what reducing no samples gives.
+_NO_STEP: dict[str, Any] = {
+    "steps": 0,
+    "step_s": 0.0,
+    "data_wait_s": 0.0,
+    "h2d_s": 0.0,
+    "forward_s": 0.0,
+    "backward_s": 0.0,
+    "optimizer_s": 0.0,
+    "collective_wait_s": None,
+    "compute_s": 0.0,
+    "batch_size": None,
+    "rss_bytes": None,
+    "mem_allocated_bytes": None,
+    "mem_peak_bytes": None,
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,8 +541,11 @@ def _job_nodes(
     return tuple(n for n in found if n is not None)
 
 
-def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
-    """Every GPU that answered in the window: its figures, owning job and rank ("" if none).
+def _gpu_stats(
+    answers: Answers, wanted: set[str] | None = None
+) -> dict[str, tuple[DeviceStats, str, str]]:
+    """Every GPU that answered in the window: its figures, owning job and rank ("" if none);
+    with ``wanted``, only the GPUs of those jobs and the GPUs no job owns.
 
     A GPU whose monitor never answered (``sum_over_time(auditor_gpu_up)`` 0) is left out: a
     missing GPU must not read as an idle one.
@@ -458,9 +556,47 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
         # A GPU that changed owner in the window has a series per owner; an owner beats none.
         if uuid and (uuid not in identity or labels.get("job")):
             identity[uuid] = labels
+    if wanted is not None:
+        identity = {
+            u: x for u, x in identity.items() if x.get("job", "") in wanted or not x.get("job")
+        }
     index = {uuid: i for i, uuid in enumerate(identity)}
     # One column over the GPUs per figure (None where Prometheus had none).
-    v = {key: optional(column(as_vector(answers.get(key)), index, GPU)) for key in _GPU_FIGURES}
+    v = {key: column(as_vector(answers.get(key)), index, GPU) for key in _GPU_FIGURES}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        used, total = v["gpu_mem_used"], v["gpu_mem_total"]
+        clock, clock_max = v["gpu_sm_clock"], v["gpu_sm_clock_max"]
+        # x / y where both are known and y is not 0 (nor NaN), else None.
+        mem_ratio = _nones(np.where(total != 0, used / total, np.nan))
+        clock_ratio = _nones(np.where(clock_max != 0, clock / clock_max, np.nan))
+    answered = [round(x) if x == x else 0 for x in v["gpu_samples"].tolist()]
+    lost = (v["gpu_lost"] == 1).tolist()
+    span = [max(0.0, x) if x == x else 0.0 for x in v["gpu_span"].tolist()]
+    floats = {
+        field: _nones(v[key])
+        for field, key in (
+            ("gpu_util", "gpu_util"),
+            ("mem_used_bytes", "gpu_mem_used"),
+            ("mem_trend_bytes_per_s", "gpu_mem_trend"),
+            ("mem_recent_trend_bytes_per_s", "gpu_mem_recent"),
+            ("temperature_c", "gpu_temperature"),
+            ("power_w", "gpu_power"),
+            ("power_limit_w", "gpu_power_limit"),
+        )
+    }
+    floats["sm_clock_mhz"] = _nones(clock / _MHZ)
+    floats["sm_clock_max_mhz"] = _nones(clock_max / _MHZ)
+    ints = {
+        field: _ints(v[key])
+        for field, key in (
+            ("mem_used_max_bytes", "gpu_mem_used_max"),
+            ("mem_total_bytes", "gpu_mem_total"),
+            ("pcie_gen", "gpu_pcie_gen"),
+            ("pcie_gen_max", "gpu_pcie_gen_max"),
+            ("pcie_width", "gpu_pcie_width"),
+            ("pcie_width_max", "gpu_pcie_width_max"),
+        )
+    }
     throttle: dict[str, dict[str, float]] = defaultdict(dict)
     answer = as_vector(answers.get("gpu_throttle"))
     for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
@@ -471,44 +607,29 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
 
     out: dict[str, tuple[DeviceStats, str, str]] = {}
     for i, (uuid, labels) in enumerate(identity.items()):
-        answered = round(v["gpu_samples"][i] or 0.0)
-        if answered <= 0:
+        if answered[i] <= 0:
             continue
-        used = v["gpu_mem_used"][i]
-        total = v["gpu_mem_total"][i]
-        clock = v["gpu_sm_clock"][i]
-        clock_max = v["gpu_sm_clock_max"][i]
         reasons = {r: share for r, share in throttle.get(uuid, {}).items() if r not in IDLE_REASONS}
         ordered = tuple(sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r]))
-        stats = DeviceStats(
-            uuid=uuid,
-            node=labels.get("node", ""),
-            index=_int(labels.get("gpu")) or 0,
-            model=labels.get("model", ""),
-            samples=answered,
-            lost=v["gpu_lost"][i] == 1,
-            span_s=max(0.0, (v["gpu_last"][i] or 0.0) - (v["gpu_first"][i] or 0.0)),
-            gpu_util=v["gpu_util"][i],
-            mem_used_bytes=used,
-            mem_used_max_bytes=_bytes(v["gpu_mem_used_max"][i]),
-            mem_total_bytes=_bytes(total),
-            mem_ratio=used / total if used is not None and total else None,
-            mem_trend_bytes_per_s=v["gpu_mem_trend"][i],
-            mem_recent_trend_bytes_per_s=v["gpu_mem_recent"][i],
-            sm_clock_mhz=None if clock is None else clock / _MHZ,
-            sm_clock_max_mhz=None if clock_max is None else clock_max / _MHZ,
-            sm_clock_ratio=clock / clock_max if clock is not None and clock_max else None,
-            throttle_share=max(reasons.values(), default=0.0) if uuid in read else None,
-            throttle_reasons=ordered,
-            temperature_c=v["gpu_temperature"][i],
-            power_w=v["gpu_power"][i],
-            power_limit_w=v["gpu_power_limit"][i],
-            pcie_gen=_bytes(v["gpu_pcie_gen"][i]),
-            pcie_gen_max=_bytes(v["gpu_pcie_gen_max"][i]),
-            pcie_width=_bytes(v["gpu_pcie_width"][i]),
-            pcie_width_max=_bytes(v["gpu_pcie_width_max"][i]),
-            process_count=_bytes(v["gpu_processes"][i]) or 0,
-            processes=(),
+        stats = _new(
+            DeviceStats,
+            {
+                "uuid": uuid,
+                "node": labels.get("node", ""),
+                "index": _int(labels.get("gpu")) or 0,
+                "model": labels.get("model", ""),
+                "samples": answered[i],
+                "lost": lost[i],
+                "span_s": span[i],
+                **{field: c[i] for field, c in floats.items()},
+                **{field: c[i] for field, c in ints.items()},
+                "mem_ratio": mem_ratio[i],
+                "sm_clock_ratio": clock_ratio[i],
+                "throttle_share": max(reasons.values(), default=0.0) if uuid in read else None,
+                "throttle_reasons": ordered,
+                "process_count": 0,  # no rule reads it; the dashboards have auditor_gpu_processes
+                "processes": (),
+            },
         )
         out[uuid] = (stats, labels.get("job", ""), labels.get("rank", ""))
     return out
@@ -516,8 +637,7 @@ def _gpu_stats(answers: Answers) -> dict[str, tuple[DeviceStats, str, str]]:
 
 _GPU_FIGURES = (
     "gpu_samples",
-    "gpu_first",
-    "gpu_last",
+    "gpu_span",
     "gpu_lost",
     "gpu_mem_trend",
     "gpu_mem_recent",

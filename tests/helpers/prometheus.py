@@ -80,8 +80,7 @@ def job_answers(
         for phase, seconds in phases.items():
             put("phase_seconds", {**key, "phase": phase}, STEPS * seconds)
         put("samples", key, STEPS * 32)
-        put("steps_total", key, 1000 + STEPS)
-        for memory, value in (("rss", 6e9), ("allocated", 20e9), ("reserved", 24e9)):
+        for memory, value in (("rss", 6e9), ("allocated", 20e9)):
             put("memory", {**key, "memory": memory}, value)
         put("cpu", {**key, "process": "main"}, 1.0)
         put("cpu", {**key, "process": "workers"}, 0.95 if is_starved else 0.4)

@@ -152,8 +152,9 @@ def answers(
         for p, v in f.phase_seconds.items():
             put("phase_seconds", {**key, "phase": p}, v)
         put("samples", key, n * BATCH)
-        put("steps_total", key, 1000 + n)
         for memory, value in MEMORY.items():
+            if memory == "reserved":
+                continue  # not asked for: no rule reads it
             put("memory", {**key, "memory": memory}, value)
         put("cpu", {**key, "process": "main"}, 1.0)
         put("cpu", {**key, "process": "workers"}, f.workers_cpu)
@@ -171,8 +172,7 @@ def answers(
         g = GPU_FIGURES
         for figure, value in (
             ("gpu_samples", WINDOW_S / scrape_s),
-            ("gpu_first", now - WINDOW_S + scrape_s),
-            ("gpu_last", now),
+            ("gpu_span", WINDOW_S - scrape_s),
             ("gpu_lost", 0.0),
             ("gpu_mem_trend", 0.0),
             ("gpu_mem_recent", 0.0),
@@ -189,7 +189,6 @@ def answers(
             ("gpu_pcie_gen_max", g["pcie_gen"]),
             ("gpu_pcie_width", g["pcie_width"]),
             ("gpu_pcie_width_max", g["pcie_width"]),
-            ("gpu_processes", 1.0),
             # The driver reports all 12 reasons; none was active (so gpu_throttle is empty).
             ("gpu_throttle_read", float(len(C.THROTTLE_REASONS))),
         ):

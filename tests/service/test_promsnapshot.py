@@ -3,6 +3,7 @@ Prometheus returns for :func:`queries` (labels as the node endpoints export them
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -13,9 +14,12 @@ import yaml
 
 from auditor.analysis import analyze
 from auditor.analysis.devices import device_stats
+from auditor.analysis.snapshot import Snapshot
+from auditor.analysis.stats import rank_stats
 from auditor.metrics import catalog as C
 from auditor.metrics.query import Series
 from auditor.service.promsnapshot import build_snapshots, queries, running_jobs
+from tests.helpers import servejob
 from tests.helpers.tools import require_tool
 
 NOW = 1_800_000_000.0
@@ -55,7 +59,6 @@ def rank_answers(
     for phase, per_step in (phases or {}).items():
         put(answers, "phase_seconds", {**key, "phase": phase}, steps * per_step)
     put(answers, "samples", key, steps * 32)
-    put(answers, "steps_total", key, 1000 + steps)
     for memory, value in (("rss", 3e9), ("peak", 20e9)):
         put(answers, "memory", {**key, "memory": memory}, value)
     put(answers, "cpu", {**key, "process": "main"}, 1.0)
@@ -81,8 +84,7 @@ def gpu_answers(
     u = {"uuid": uuid}
     for key, value in (
         ("gpu_samples", samples),
-        ("gpu_first", NOW - 55),
-        ("gpu_last", NOW - 1),
+        ("gpu_span", 54),
         ("gpu_lost", 0),
         ("gpu_util", util),
         ("gpu_mem_used", 40e9),
@@ -94,7 +96,6 @@ def gpu_answers(
         ("gpu_sm_clock_max", 1.98e9),
         ("gpu_pcie_gen", 4),
         ("gpu_pcie_gen_max", 5),
-        ("gpu_processes", 1),
     ):
         put(answers, key, u, value)
     if reasons is not None:
@@ -136,7 +137,7 @@ def test_mean_step_of_the_window() -> None:
     assert step.batch_size == 32
     assert step.rss_bytes == 3_000_000_000 and step.mem_peak_bytes == 20_000_000_000
     assert step.mem_allocated_bytes is None  # not exported: unknown, not zero
-    assert snap.total_steps == {0: 1100, 1: 1100}
+    assert snap.total_steps == {}  # the run's totals are the report's: serve does not ask
     assert snap.stats[1].steps == 100  # the rules' min_steps see the steps it stands for
     (node,) = snap.nodes
     assert (node.host, node.cores, node.busy_cores, node.load1, node.samples) == (
@@ -274,3 +275,47 @@ def test_a_fleet_agents_node_cpu_counts_for_every_job_there() -> None:
     snaps = build_snapshots(answers, NOW, WINDOW)
     assert [(n.host, n.cores) for n in snaps[JOB].nodes] == [(NODE, 16)]  # its own endpoint's
     assert [(n.host, n.cores) for n in snaps["other"].nodes] == [("node-b", 32)]
+
+
+def _built_alike(snap: Snapshot) -> None:
+    """The rebuild's shortcuts change nothing: each rank's statistics are what reducing its
+    view gives, and every object is the one its constructor builds from the same fields."""
+    assert snap.ranks
+    for view in snap.ranks:
+        reduced = rank_stats(view)
+        assert vars(snap.stats[view.info.rank]) == vars(reduced), view.info.rank
+        for obj in (view, *view.steps, *view.cpu, snap.stats[view.info.rank]):
+            assert vars(dataclasses.replace(obj)) == vars(obj), obj
+    for gpu in snap.gpus:
+        assert vars(dataclasses.replace(gpu)) == vars(gpu), gpu
+
+
+def test_stats_and_objects_equal_the_reductions_and_constructors() -> None:
+    answers = two_ranks()
+    gpu_answers(answers, "GPU-a", index=0, job=JOB, rank="0")
+    gpu_answers(answers, "GPU-b", index=1, job=JOB, rank="1", reasons={"sw_thermal_slowdown": 0.6})
+    # A rank with no step in the window, one with no CPU series, NaN and unmeasured figures.
+    rank_answers(answers, 2, steps=0.0)
+    rank_answers(answers, 3, phases=WAITING)
+    answers["cpu"] = [s for s in answers["cpu"] if s.labels["rank"] != "3"]
+    answers["memory"].append(Series({"job": JOB, "rank": "0", "memory": "allocated"},
+                                    ((NOW, math.nan),)))  # fmt: skip
+    _built_alike(build_snapshots(answers, NOW, WINDOW)[JOB])
+    big = servejob.answers(64, scrape_s=15.0, now=NOW)
+    _built_alike(build_snapshots(big, NOW, servejob.WINDOW_S)[servejob.JOB])
+
+
+def test_only_the_gpus_of_the_jobs_asked_for() -> None:
+    answers = two_ranks()
+    gpu_answers(answers, "GPU-a", index=0, job=JOB, rank="0")
+    gpu_answers(answers, "GPU-free", index=2)
+    gpu_answers(answers, "GPU-other", index=3, job="other", rank="0")
+    rank_answers(answers, 0, job="other")
+    snaps = build_snapshots(answers, NOW, WINDOW, jobs=[JOB])
+    assert {g.uuid for g in snaps[JOB].gpus} == {"GPU-a", "GPU-free"}
+
+
+def test_memory_asks_only_for_the_kinds_the_rules_read() -> None:
+    expr = queries(WINDOW)["memory"]
+    assert 'memory=~"rss|allocated|peak"' in expr
+    assert not {"steps_total", "gpu_processes", "gpu_first", "gpu_last"} & set(queries(WINDOW))

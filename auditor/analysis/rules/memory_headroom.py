@@ -95,7 +95,7 @@ def detect(
         current = latest.get(r)
         if r in budgeted:
             continue  # measured: the budget's verdict stands
-        if fit is None or gpu is None or not gpu.mem_total_bytes or current is None:
+        if gpu is None or not gpu.mem_total_bytes or current is None:
             continue
         if fit.per_sample_bytes <= 0 or fit.r2 < min_r2:
             continue

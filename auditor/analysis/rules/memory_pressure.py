@@ -101,7 +101,7 @@ def detect(
         per_rank: dict[str, Any] = {}
         fixes: dict[int, str] = {}
         for r in ranks:
-            fit = fits.get(r, (None, None))[0]
+            fit: MemoryFit | None = fits[r][0] if r in fits else None
             if fit is not None and (fit.r2 < min_r2 or fit.per_sample_bytes <= 0):
                 fit = None
             view = views.get(r)
