@@ -109,6 +109,15 @@ def test_saturated_host_with_prior_oversubscription_does_not_raise_workers() -> 
     assert "no free CPU" in f.fixes[3]
 
 
+def test_oversubscribed_rank_gets_no_workers_even_where_the_cores_look_free() -> None:
+    # The same job uncapped would go 2 -> 7 (next test); cpu_oversubscription's verdict on
+    # rank 3's host is enough on its own: the engine's input, not the free-cores cap, holds it.
+    snap = ddp_snapshot(starved_rank3())
+    f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((3,)).ranks))
+    assert f.ranks == (3,)
+    assert _new_workers(f.fixes[3], 2) is None, f.fixes[3]
+
+
 def test_prior_oversubscription_of_another_rank_does_not_block_the_raise() -> None:
     snap = ddp_snapshot(starved_rank3())
     f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((5,)).ranks))
