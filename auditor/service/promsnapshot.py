@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from math import isfinite
 from typing import Any, TypeVar
 
@@ -258,7 +259,10 @@ _RANK_ANSWERS = (
 # ranks
 
 
+@lru_cache(maxsize=1024)
 def _int(text: str | None) -> int | None:
+    # Cached: a few distinct label values (world size, local rank, batch size) recur on every
+    # rank, four reads per rank.
     if text is None or text == "":
         return None
     try:
