@@ -28,7 +28,8 @@ MEMORY_IMBALANCE_NOTE = (
 
 
 def ready(stats: Mapping[int, RankStats], min_steps: int) -> dict[int, RankStats]:
-    """Ranks with at least ``min_steps`` steps in the window; rules stay silent on the rest."""
+    """Ranks with at least ``min_steps`` steps in the window; rules stay silent on the rest.
+    (:meth:`Snapshot.ready` is the same, kept per snapshot: what the rules call.)"""
     return {r: s for r, s in stats.items() if s.steps >= min_steps and s.step_s > 0}
 
 
@@ -294,7 +295,7 @@ def rank_memory_fits(
     """Each ready rank's fit and its (heaviest) GPU, for the ranks that have a fit;
     memory_pressure and memory_headroom both read it. The only measure here that reads raw GPU
     samples: memory against the batch in progress when each was read."""
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     dstats = measured_gpus(snapshot, min_samples)
     gpus_of = snapshot.gpus_of
     samples_of: dict[str, list[DeviceSample]] = {}

@@ -61,27 +61,55 @@ def rows(vector: Vector, index: Mapping[Any, int], key: Key) -> npt.NDArray[np.i
     return np.fromiter(found, dtype=np.intp, count=len(vector))
 
 
-def column(vector: Vector, index: Mapping[Any, int], key: Key) -> Column:
-    """One value per index entry (NaN: no series, or a NaN answer)."""
-    out = np.full(len(index), np.nan)
-    at = rows(vector, index, key)
-    ok = (at >= 0) & ~np.isnan(vector.values)
-    out[at[ok]] = vector.values[ok]
-    return out
+class Columns:
+    """Answers as columns over one index (ranks by :data:`RANK`, or GPUs by :data:`GPU`).
 
+    Answers to different queries mostly list the same series (same labels) in the same order:
+    one comparison of their label lists (C-level, about half the cost of reading each series'
+    key and looking it up) lets an answer reuse the positions found for an earlier one.
+    """
 
-def columns_by(vector: Vector, index: Mapping[Any, int], key: Key, sub: str) -> dict[str, Column]:
-    """One column per value of label ``sub`` (a phase, a memory kind, a process)."""
-    at = rows(vector, index, key)
-    names = cast(list[str], Key((sub,)).all(vector))
-    out = {name: np.full(len(index), np.nan) for name in dict.fromkeys(names)}
-    codes = {name: i for i, name in enumerate(out)}
-    code = np.fromiter(map(codes.__getitem__, names), dtype=np.intp, count=len(names))
-    valid = (at >= 0) & ~np.isnan(vector.values)
-    for name, i in codes.items():
-        ok = valid & (code == i)
-        out[name][at[ok]] = vector.values[ok]
-    return out
+    # Label lists remembered: the rank answers come in two or three shapes (by rank, by rank
+    # and a sub-label), the GPU answers in one; a mismatch costs one dict comparison.
+    _KEPT = 4
+
+    def __init__(self, index: Mapping[Any, int], key: Key) -> None:
+        self.index = index
+        self.key = key
+        self._seen: list[tuple[Sequence[Mapping[str, str]], npt.NDArray[np.intp]]] = []
+
+    def rows(self, vector: Vector) -> npt.NDArray[np.intp]:
+        """The index position of each series of ``vector`` (-1: not in the index); read-only,
+        as it may be shared with other answers."""
+        labels = vector.labels
+        for seen, at in self._seen:
+            if len(seen) == len(labels) and seen == labels:
+                return at
+        at = rows(vector, self.index, self.key)
+        at.setflags(write=False)
+        self._seen = [(labels, at), *self._seen[: self._KEPT - 1]]
+        return at
+
+    def column(self, vector: Vector) -> Column:
+        """One value per index entry (NaN: no series, or a NaN answer)."""
+        out = np.full(len(self.index), np.nan)
+        at = self.rows(vector)
+        ok = (at >= 0) & ~np.isnan(vector.values)
+        out[at[ok]] = vector.values[ok]
+        return out
+
+    def columns_by(self, vector: Vector, sub: str) -> dict[str, Column]:
+        """One column per value of label ``sub`` (a phase, a memory kind, a process)."""
+        at = self.rows(vector)
+        names = cast(list[str], Key((sub,)).all(vector))
+        out = {name: np.full(len(self.index), np.nan) for name in dict.fromkeys(names)}
+        codes = {name: i for i, name in enumerate(out)}
+        code = np.fromiter(map(codes.__getitem__, names), dtype=np.intp, count=len(names))
+        valid = (at >= 0) & ~np.isnan(vector.values)
+        for name, i in codes.items():
+            ok = valid & (code == i)
+            out[name][at[ok]] = vector.values[ok]
+        return out
 
 
 def optional(values: Column) -> list[float | None]:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.measures import ready
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
 from auditor.metrics.query import PrometheusClient, PrometheusError, Vector
@@ -79,7 +78,7 @@ def imbalance_ratio(snapshot: Snapshot, *, min_steps: int = 1) -> float | None:
     """``1 - fastest/slowest`` local step time (step time minus the wait for peers) among the
     ranks with steps in the window: the share of each step the least-loaded rank idles at the
     barrier. None with fewer than two such ranks."""
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     local = [s.local_s for s in stats.values() if s.local_s > 0]
     if len(local) < 2:
         return None

@@ -284,7 +284,7 @@ def _built_alike(snap: Snapshot) -> None:
     for view in snap.ranks:
         reduced = rank_stats(view)
         assert vars(snap.stats[view.info.rank]) == vars(reduced), view.info.rank
-        for obj in (view, *view.steps, *view.cpu, snap.stats[view.info.rank]):
+        for obj in (view, view.info, *view.steps, *view.cpu, snap.stats[view.info.rank]):
             assert vars(dataclasses.replace(obj)) == vars(obj), obj
     for gpu in snap.gpus:
         assert vars(dataclasses.replace(gpu)) == vars(gpu), gpu

@@ -38,7 +38,7 @@ from typing import Any
 
 from ..advisor import predicted_speedup
 from ..findings import Finding, severity_for
-from ..measures import dp_gpu_order, ranks_text, ready, torch_chunks, with_expectation
+from ..measures import dp_gpu_order, ranks_text, torch_chunks, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
@@ -55,7 +55,7 @@ def detect(
         min_steps: steps a rank needs in the window before it is judged.
         min_ratio: largest / smallest per-rank batch that counts as uneven.
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     if snapshot.parallel_mode == "dataparallel":
         return _dataparallel(snapshot, stats)
     sized = {r: s for r, s in stats.items() if s.batch_size}

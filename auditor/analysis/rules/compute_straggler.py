@@ -24,7 +24,7 @@ from collections.abc import Collection
 
 from ..advisor import fmt_ms, predicted_speedup
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, peer_median, ranks_text, ready, with_expectation
+from ..measures import PeerMedians, peer_median, ranks_text, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats, collective_ops_ms, collective_ops_text
 
@@ -49,7 +49,7 @@ def detect(
         min_excess: compute per sample relative to the peers' median that counts as slow.
         min_gap_ratio: the rank's extra local time must be at least this share of the step.
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     if len(stats) < 2:
         return []
     per_sample = {r: _per_sample(s) for r, s in stats.items()}

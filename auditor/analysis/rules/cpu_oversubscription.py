@@ -30,7 +30,7 @@ import math
 
 from ..findings import Finding
 from ..loading import IO, fair_share, loading_cost
-from ..measures import ranks_text, ready
+from ..measures import ranks_text
 from ..snapshot import Snapshot
 
 
@@ -60,7 +60,7 @@ def detect(
         io_bound_share: workers below this share of a CPU-bound process's CPU on the host are
             I/O-bound (see :mod:`auditor.analysis.loading`) and not counted.
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     findings: list[Finding] = []
     for host, ranks in sorted(snapshot.hosts().items()):
         sampled = sum(n.samples for n in snapshot.nodes_by_host.get(host, ()))

@@ -55,7 +55,7 @@ from ..loading import (
     host_available_bytes,
     loading_cost,
 )
-from ..measures import ranks_text, ready, with_expectation
+from ..measures import ranks_text, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
@@ -100,7 +100,7 @@ def detect(
         cheaper_factor: how much cheaper the "make loading cheaper" fix is assumed to make
             loading, for its predicted speed-up (2.0 = half the cost).
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     starved = {
         r: s
         for r, s in stats.items()

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..devices import DeviceStats, fmt_gib
 from ..findings import Finding
-from ..measures import dp_gpu_order, imbalance_finding, measured_gpus, ready, torch_chunks
+from ..measures import dp_gpu_order, imbalance_finding, measured_gpus, torch_chunks
 from ..snapshot import Snapshot
 
 PLACEHOLDER_SCRIPT = "train.py"
@@ -72,7 +72,7 @@ def detect(
         near_full: share of the primary's total memory at which the memory finding is a warning.
         script: the training script for the torchrun command (None: placeholder ``train.py``).
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     dstats = measured_gpus(snapshot, min_samples)
     owners = snapshot.owners
     gpus_of = snapshot.gpus_of

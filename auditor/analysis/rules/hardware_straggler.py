@@ -43,7 +43,7 @@ from typing import Any
 from ..advisor import fmt_ms, predicted_speedup
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, measured_gpus, peer_median, ranks_text, ready, with_expectation
+from ..measures import PeerMedians, measured_gpus, peer_median, ranks_text, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
@@ -71,7 +71,7 @@ def detect(
         min_excess: the rank's compute per sample relative to its peers' median.
         min_gap_ratio: its wait must be this share of the step below its peers' median wait.
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     if len(stats) < 2:
         return []
     dstats = measured_gpus(snapshot, min_samples)

@@ -49,7 +49,6 @@ from ..measures import (
     imbalance_finding,
     measured_gpus,
     peer_median_bytes,
-    ready,
 )
 from ..snapshot import Snapshot
 
@@ -138,7 +137,7 @@ def _detect_devices(
     stray_share: float,
 ) -> list[Finding]:
     """GPU memory (NVML) or the probe's per-step peaks across ranks."""
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     if not stats:
         return []
     dstats = measured_gpus(snapshot, min_samples)

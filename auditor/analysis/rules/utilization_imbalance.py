@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from ..advisor import fmt_pct, predicted_speedup
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import peer_median, ranks_text, ready
+from ..measures import peer_median, ranks_text
 from ..snapshot import Snapshot
 from ..stats import collective_ops_ms, collective_ops_text
 
@@ -65,7 +65,7 @@ def detect(
         max_wait_ratio: a rank whose collective wait is this share of its step or more is
             never blamed (0.5 = half the step).
     """
-    stats = ready(snapshot.stats, min_steps)
+    stats = snapshot.ready(min_steps)
     if not stats:
         return []
     busy = {r: s.busy_ratio for r, s in stats.items()}
