@@ -11,7 +11,7 @@
     carries the probe's ``AUDITOR_PROBE`` environment, e.g. a rank re-parented to the auditor).
     Ray's processes (gcs_server, raylet, its Python helpers, the ``ray::NodeAgentCore`` actor
     worker) are included. Reported: the peak sum and the breakdown by process at the peak.
-    Goal: <= 500 MB.
+    Goal: <= 400 MB.
 
 The same sampler also runs during the bare arm (it then measures the job alone), so the
 sampling cost falls on both arms; the job's own peak PSS is reported for both arms too.
@@ -39,7 +39,7 @@ import _common as c
 import psutil
 
 GOAL_MAX_RATIO = 1.05
-GOAL_MAX_MB = 500.0
+GOAL_MAX_MB = 400.0
 POLL_S = 0.5
 MB = 2**20
 _TRAINED = re.compile(rb"trained (\d+) steps")
