@@ -38,7 +38,7 @@ from ..devices import DeviceStats
 from ..findings import Finding, severity_for
 from ..measures import peer_median, ranks_text
 from ..snapshot import Snapshot
-from ..stats import collective_ops_ms, collective_ops_text
+from ..stats import collective_ops_ms, collective_ops_order
 
 
 def detect(
@@ -132,7 +132,7 @@ def detect(
             f"{fmt_pct(gpu_busy[lo_g.uuid])} ({lo_g.label})"
         )
     # Where the others wait for the blamed ranks, by operation (where the probe named them).
-    waiting_in = collective_ops_text(s for r, s in stats.items() if r not in blamed)
+    waiting_in = "/".join(collective_ops_order(s for r, s in stats.items() if r not in blamed))
     wait_for = (
         f"the others wait for {ranks_text(blamed)}" + (f" in {waiting_in}" if waiting_in else "")
         if len(stats) >= 2
