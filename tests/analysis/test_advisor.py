@@ -7,7 +7,10 @@ import pytest
 from auditor.analysis.advisor import comm_floor, fmt_ms, fmt_pct, job_step_s, predicted_speedup
 from auditor.analysis.findings import Finding, severity_for
 from auditor.analysis.measures import peer_median, ranks_text, ready, with_expectation
+from auditor.analysis.rules.compute_straggler import Facts, SlowRank
 from auditor.analysis.stats import RankStats
+from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import JobBuilder, RankSpec
 
 
@@ -133,22 +136,23 @@ def test_severity_thresholds_are_parameters() -> None:
 )
 def test_finding_validates_kind_and_severity(kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Finding(ranks=(), summary="", **kw)
+        Finding(ranks=(), **kw)
 
 
-def test_finding_to_dict_rounds_and_sorts() -> None:
+def test_the_report_rounds_the_speedup_and_sorts_the_fixes_by_rank() -> None:
+    slow = SlowRank("forward", 0.07, 0.03)
     f = Finding(
-        kind="batch_split",
+        kind="compute_straggler",
         severity="warning",
-        ranks=(1,),
-        summary="s",
-        fixes={3: "c", 1: "a"},
+        ranks=(1, 3),
+        facts=Facts({3: slow, 1: slow}),
         predicted_speedup=1.23456,
     )
-    d = f.to_dict()
+    d = ReportFinding.of(f).to_dict()
     assert d["predicted_speedup"] == 1.235
     assert list(d["fixes"]) == ["1", "3"]
-    assert Finding.from_dict(d).fixes == {1: "a", 3: "c"}
+    assert d["fixes"]["1"].startswith("forward takes 70 ms vs 30 ms on peers")
+    assert ReportFinding.from_dict(d).fixes == phrase(f).fixes
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import hardware_straggler
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
@@ -57,7 +58,7 @@ def test_throttled_gpu_2_blamed_with_reason_fix_and_speedup() -> None:
     assert reasons[0] == "throttled (sw_thermal_slowdown) in 100% of samples"
     assert reasons[1].startswith("SM clock at 71% of its maximum")
     assert f.evidence["per_gpu"][gpu_uuid("node0", 2)]["throttle_share"] == 1.0
-    fix = f.fixes[2]
+    fix = phrase(f).fixes[2]
     assert fix.startswith("node0 GPU 2 slows down for heat at 88 C: check its cooling")
     assert f"or move rank 2 off node0 GPU 2 ({gpu_uuid('node0', 2)})" in fix
     # Compute per sample 1.4x its peers': 32 / 1.4 = 22.9 -> 22.
@@ -153,7 +154,7 @@ def test_a_node_wide_power_cap_is_the_platform_not_a_straggler() -> None:
 )
 def test_fix_follows_the_reason(gpu: GpuSpec, fix_start: str) -> None:
     (f,) = hardware_straggler.detect(job(gpus_with(2, gpu), slow_rank(2)))
-    assert f.fixes[2].startswith(fix_start), f.fixes[2]
+    assert phrase(f).fixes[2].startswith(fix_start), phrase(f).fixes[2]
 
 
 def test_unmeasured_waits_fall_back_to_the_phases_outside_the_all_reduce() -> None:
