@@ -96,8 +96,6 @@ def _oversubscription(ranks: tuple[int, ...]) -> Finding:
         kind="cpu_oversubscription",
         severity="warning",
         ranks=ranks,
-        summary="host oversubscribed",
-        fixes={r: "num_workers 2 -> 1" for r in ranks},
         predicted_speedup=1.3,
     )
 

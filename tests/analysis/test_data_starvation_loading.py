@@ -283,9 +283,7 @@ def test_io_bound_loading_without_memory_for_a_worker_gets_faster_reads() -> Non
 def test_prior_oversubscription_does_not_block_io_bound_workers() -> None:
     # Whatever flagged the host, I/O-bound workers need no cores: the raise stands.
     snap = _starved_cpu_job(cpu_share=0.03)
-    prior = Finding(
-        kind="cpu_oversubscription", severity="warning", ranks=(1,), summary="host saturated"
-    )
+    prior = Finding(kind="cpu_oversubscription", severity="warning", ranks=(1,))
     f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
     assert _new_workers(phrase(f).fixes[1]) == 3
     # CPU-bound loading on the same flagged host gets no worker even where one core is idle.

@@ -23,6 +23,7 @@ from auditor.analysis.findings import Finding
 from auditor.audit import Audit
 from auditor.metrics.query import PrometheusClient
 from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
 from auditor.service.promsnapshot import queries
 from auditor.service.service import AuditService, JobResult
 from tests.helpers import servejob
@@ -74,7 +75,7 @@ def live_findings(ranks: int) -> list[Finding]:
 
 
 def verdict(findings: Any) -> list[tuple[str, str, tuple[int, ...], dict[int, str]]]:
-    return [(f.kind, f.severity, tuple(f.ranks), dict(f.fixes)) for f in findings]
+    return [(f.kind, f.severity, tuple(f.ranks), dict(phrase(f).fixes)) for f in findings]
 
 
 def _digest(evidence: dict[str, Any]) -> str:
