@@ -147,14 +147,14 @@ def imbalance_finding(
     mem: Mapping[str, float | None],
     *,
     ranks: tuple[int, ...],
-    fixes: dict[int, str],
-    summary: str,
+    facts: object,
     near_full: float,
     owners: Mapping[str, Sequence[int]],
     cause: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Finding:
-    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with.
+    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with,
+    with the calling rule's ``facts`` (each rule words its own).
 
     Shared with ``dataparallel_gather``, which names GPU 0 of a DataParallel job this way.
     """
@@ -184,9 +184,8 @@ def imbalance_finding(
         kind="memory_imbalance",
         severity=severity,
         ranks=ranks,
-        summary=summary,
+        facts=facts,
         evidence=evidence,
-        fixes=fixes,
         predicted_speedup=None,
         cause=cause,
     )

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 # Each module registers the wording of its rule's facts with phrase_facts on import.
 from . import (  # noqa: F401
+    batch_split,
     compute_straggler,
     cpu_oversubscription,
     data_starvation,
+    dataparallel_gather,
+    memory_imbalance,
     utilization_imbalance,
 )
 from .words import Phrase, phrase, phrase_facts
