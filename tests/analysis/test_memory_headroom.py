@@ -113,7 +113,7 @@ def test_nvml_only_fit_recovers_the_model() -> None:
 
 def test_memory_pressure_ranks_are_left_to_it() -> None:
     snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
-    prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,), summary="x"),)
+    prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,)),)
     f = _only(memory_headroom.detect(snap, pressured=prior[0].ranks))
     assert f.ranks == (1,)
 

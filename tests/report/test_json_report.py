@@ -223,7 +223,6 @@ def test_non_finite_numbers_become_null() -> None:
         kind="memory_headroom",
         severity="info",
         ranks=(0,),
-        summary="odd",
         evidence={"ratio": float("nan"), "pair": (1, float("inf"))},
     )
     report = build_report(command=["x"], exit_code=0, duration_s=1.0, snapshot=snap, findings=[odd])

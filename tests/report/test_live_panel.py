@@ -228,7 +228,7 @@ def test_ranks_without_two_steps_show_placeholders() -> None:
 
 def test_long_findings_are_clipped_and_info_is_left_to_the_verdict() -> None:
     snap, findings, _ = starved_report()
-    info = Finding(kind="memory_headroom", severity="info", ranks=(0,), summary="fine")
+    info = Finding(kind="memory_headroom", severity="info", ranks=(0,))
     long = Finding(kind="compute_straggler", severity="warning", ranks=(0, 1), summary="y " * 200)
     lines = _panel(snap, [*findings, info, long], width=60)
     assert all(len(line) < 60 for line in lines)

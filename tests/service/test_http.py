@@ -66,7 +66,6 @@ HEADROOM = Finding(
     kind="memory_headroom",
     severity="info",
     ranks=(),
-    summary="every GPU has room for a larger batch",
 )
 
 

@@ -18,7 +18,9 @@ from . import (  # noqa: F401
     cpu_oversubscription,
     data_starvation,
     dataparallel_gather,
+    memory_headroom,
     memory_imbalance,
+    memory_pressure,
     utilization_imbalance,
 )
 from .words import Phrase, phrase, phrase_facts

@@ -1,6 +1,6 @@
 """What every rule's wording shares: :func:`phrase`, the :class:`Phrase` it returns, and the
 phrases that recur across rules (the expected speed-up after a fix, the collectives others wait
-in).
+in, a measured memory budget's parts and levers).
 
 :func:`phrase_facts` dispatches on the type of a finding's facts; each ``phrasing/<rule>.py``
 registers the wording of its rule's facts (``@phrase_facts.register``), and the package imports
@@ -13,7 +13,9 @@ from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass, field
 from functools import singledispatch
 
+from auditor.analysis.budget import CHECKPOINT_FACTOR, BudgetModel
 from auditor.analysis.findings import Finding
+from auditor.wording import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,48 @@ def it_or_them(items: Sized | int) -> str:
 
 def _count(items: Sized | int) -> int:
     return items if isinstance(items, int) else len(items)
+
+
+# What each lever of a measured memory budget is (:meth:`BudgetModel.levers`), in words.
+LEVER_TEXT = {
+    "checkpointing": "gradient checkpointing (torch.utils.checkpoint on the largest blocks: "
+    f"activations about {CHECKPOINT_FACTOR:.0f}x smaller for about a third more compute)",
+    "autocast_bf16": "bf16 autocast (torch.autocast(device_type=..., dtype=torch.bfloat16): "
+    "activations halved)",
+    "bf16_params": "bf16 parameters and gradients (FSDP MixedPrecisionPolicy, or the model in "
+    "bf16 with fp32 master weights in the optimizer)",
+    "sgd_momentum": "an optimizer with one state per parameter (SGD with momentum: x3 the "
+    "parameters instead of Adam's x4)",
+    "sgd": "plain SGD (no state: x2 the parameters)",
+    "shard": "sharding parameters, gradients and optimizer state over the ranks (FSDP "
+    "fully_shard / ZeRO-3)",
+}
+
+
+def levers_text(model: BudgetModel, limit: int = 3) -> str:
+    """A measured budget's levers, largest saving first, in words with their bytes and
+    batches."""
+    levers = sorted(model.levers().values(), key=lambda lv: -lv.frees_bytes)[:limit]
+    parts = []
+    for lv in levers:
+        batch = "" if lv.largest_batch is None else f", batch up to {lv.largest_batch}"
+        parts.append(f"{LEVER_TEXT[lv.name]} frees {fmt_bytes(lv.frees_bytes)}{batch}")
+    return "; ".join(parts)
+
+
+def parts_text(model: BudgetModel) -> str:
+    """A measured budget's fixed part in words: parameters + gradients + optimizer state +
+    buffers (+ copies), and the activations per sample."""
+    b = model.budget
+    opt = f" ({b.optimizer})" if b.optimizer else ""
+    text = (
+        f"fixed part {fmt_bytes(model.fixed_bytes)} = parameters {fmt_bytes(b.param_bytes)} + "
+        f"gradients {fmt_bytes(b.grad_bytes)} + optimizer state {fmt_bytes(b.optimizer_bytes)}"
+        f"{opt} + buffers {fmt_bytes(b.buffer_bytes)}"
+    )
+    if b.other_module_bytes:
+        text += f" + modules outside the model {fmt_bytes(b.other_module_bytes)}"
+    per = model.per_sample_bytes
+    if per is not None:
+        text += f"; activations {fmt_bytes(per)} per sample"
+    return text
