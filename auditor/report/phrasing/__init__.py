@@ -12,7 +12,12 @@ answers.
 from __future__ import annotations
 
 # Each module registers the wording of its rule's facts with phrase_facts on import.
-from . import compute_straggler, utilization_imbalance  # noqa: F401
+from . import (  # noqa: F401
+    compute_straggler,
+    hardware_straggler,
+    idle_device,
+    utilization_imbalance,
+)
 from .words import Phrase, phrase, phrase_facts
 
 __all__ = ["Phrase", "phrase", "phrase_facts"]
