@@ -92,6 +92,9 @@ def test_the_owning_rank_is_blamed() -> None:
     assert f.ranks == (1,)
     assert f.evidence["gpus"][0]["index"] == 1
     assert phrase(f).fixes[1].startswith("free it: the process holds 2.0 GiB on node0 GPU 1")
+    assert phrase(f).fixes[1] == f.evidence["fix"]
+    assert phrase(f).summary == "rank 1 holds 2.0 GiB on idle node0 GPU 1"
+    assert (f.facts.label, f.facts.held_bytes) == ("node0 GPU 1", 2 * GIB)
 
 
 def test_a_rank_with_a_stray_context_on_an_unowned_idle_gpu_is_blamed() -> None:

@@ -19,8 +19,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.analysis.findings import Finding
+<<<<<<< HEAD
 from auditor.analysis.loading import CPU
 from auditor.analysis.rules import data_starvation
+=======
+from auditor.analysis.rules.hardware_straggler import Facts, LowClock, SlowGpu
+>>>>>>> wording-4
 from auditor.service.http import ENDPOINTS, ServiceServer
 from auditor.service.service import Health, JobResult, Published
 from tests.helpers.tools import require_tool
@@ -54,12 +58,32 @@ STARVED = Finding(
     evidence={"job_pace_ms": 98.0},
     predicted_speedup=4.2,
 )
+
+
+def hot_gpu(node: str, index: int) -> SlowGpu:
+    """A GPU that slows down for heat, at a lower SM clock than its peers'."""
+    return SlowGpu(
+        label=f"{node} GPU {index}",
+        uuid=f"GPU-{node}-{index}",
+        index=index,
+        node=node,
+        slowdowns=(LowClock(ratio=0.7, mhz=1400.0, peer_ratio=0.95),),
+        thermal=True,
+        temperature_c=88.0,
+        power=False,
+        power_limit=None,
+        hw_slowdown=False,
+        pcie_degraded=False,
+        pcie="gen 5/5 x16/16",
+        compute_s=0.14,
+    )
+
+
 STRAGGLER = Finding(
     kind="hardware_straggler",
     severity="warning",
     ranks=(0, 2),
-    summary="ranks 0, 2 run at a lower SM clock",
-    fixes={2: "check the cooling of GPU 2", 0: "check the cooling of GPU 0"},
+    facts=Facts({2: hot_gpu("node-c", 2), 0: hot_gpu("node-a", 0)}),
     predicted_speedup=1.2,
 )
 HEADROOM = Finding(

@@ -18,6 +18,8 @@ from . import (  # noqa: F401
     cpu_oversubscription,
     data_starvation,
     dataparallel_gather,
+    hardware_straggler,
+    idle_device,
     memory_headroom,
     memory_imbalance,
     memory_pressure,
