@@ -19,12 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.analysis.findings import Finding
-<<<<<<< HEAD
 from auditor.analysis.loading import CPU
 from auditor.analysis.rules import data_starvation
-=======
 from auditor.analysis.rules.hardware_straggler import Facts, LowClock, SlowGpu
->>>>>>> wording-4
 from auditor.service.http import ENDPOINTS, ServiceServer
 from auditor.service.service import Health, JobResult, Published
 from tests.helpers.tools import require_tool
