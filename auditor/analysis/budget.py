@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import MemoryBudget
-from auditor.wording import fmt_bytes as fmt_bytes
 
 # Gradient checkpointing: activations cut 4x (the conservative end of the usual 4-10x).
 CHECKPOINT_FACTOR = 4.0

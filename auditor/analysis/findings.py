@@ -63,9 +63,6 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     predicted_speedup: float | None = None
     cause: str | None = None
-    # Transitional: prose a rule still writes itself (rules not yet giving facts).
-    summary: str = ""
-    fixes: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -93,8 +90,6 @@ class Finding:
             "evidence": self.evidence,
             "predicted_speedup": self.predicted_speedup,
             "cause": self.cause,
-            "summary": self.summary,
-            "fixes": self.fixes,
         }
 
 

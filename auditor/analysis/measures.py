@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import DeviceSample, RankInfo
-from auditor.wording import ranks_text as ranks_text
 
 from .devices import DeviceStats, linear_fit
 from .findings import Finding
@@ -70,12 +69,6 @@ class PeerMedians:
         if m % 2:
             return at(m // 2)
         return (at(m // 2 - 1) + at(m // 2)) / 2
-
-
-def with_expectation(fix: str, speedup: float | None) -> str:
-    if speedup is None or speedup < 1.02:
-        return fix
-    return f"{fix}; expect about {speedup:.1f}x"
 
 
 def measured_gpus(snapshot: Snapshot, min_samples: int) -> dict[str, DeviceStats]:

@@ -293,7 +293,7 @@ class ReportFinding:
             severity=finding.severity,
             ranks=tuple(int(r) for r in finding.ranks),
             summary=words.summary,
-            evidence=jsonable(finding.evidence),
+            evidence=jsonable({**finding.evidence, **words.notes}),
             fixes={int(r): str(fix) for r, fix in sorted(words.fixes.items())},
             predicted_speedup=None if speedup is None else jsonable(round(speedup, 3)),
             cause=finding.cause,

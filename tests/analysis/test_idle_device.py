@@ -50,8 +50,10 @@ def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
     assert f.evidence["pids"] == [31337]
     assert f.evidence["held_bytes"] == 12 * GIB
     assert phrase(f).summary == "PID 31337 holds 12.0 GiB on idle node0 GPU 2 (no rank of this job)"
-    assert f.evidence["fix"].startswith("free it: PID 31337 holds 12.0 GiB on idle node0 GPU 2")
-    assert "`kill 31337`" in f.evidence["fix"]
+    assert (
+        phrase(f).notes["fix"].startswith("free it: PID 31337 holds 12.0 GiB on idle node0 GPU 2")
+    )
+    assert "`kill 31337`" in phrase(f).notes["fix"]
 
 
 @pytest.mark.parametrize(
@@ -92,7 +94,7 @@ def test_the_owning_rank_is_blamed() -> None:
     assert f.ranks == (1,)
     assert f.evidence["gpus"][0]["index"] == 1
     assert phrase(f).fixes[1].startswith("free it: the process holds 2.0 GiB on node0 GPU 1")
-    assert phrase(f).fixes[1] == f.evidence["fix"]
+    assert phrase(f).fixes[1] == phrase(f).notes["fix"]
     assert phrase(f).summary == "rank 1 holds 2.0 GiB on idle node0 GPU 1"
     assert (f.facts.label, f.facts.held_bytes) == ("node0 GPU 1", 2 * GIB)
 

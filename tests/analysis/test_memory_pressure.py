@@ -80,7 +80,7 @@ def test_unowned_gpu_is_named_without_ranks() -> None:
     assert f.ranks == ()
     assert phrase(f).fixes == {}
     assert f.evidence["gpus"][0]["index"] == 1
-    assert f.evidence["fix"].startswith("node0 GPU 1 peaks at 92%")
+    assert phrase(f).notes["fix"].startswith("node0 GPU 1 peaks at 92%")
 
 
 def test_batch_from_the_fitted_model_when_the_batch_varied() -> None:

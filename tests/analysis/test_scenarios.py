@@ -90,8 +90,10 @@ def test_exact_findings(
             assert g["uuid"] == uuids[g["index"]], f.to_dict()
             assert g["node"] == "gpu-node-07"
         assert set(phrase(f).fixes) == set(f.ranks), f.to_dict()
-        back = ReportFinding.from_dict(json.loads(json.dumps(ReportFinding.of(f).to_dict())))
-        assert (back.kind, back.ranks, back.evidence) == (f.kind, f.ranks, f.evidence)
+        reported = ReportFinding.of(f)
+        back = ReportFinding.from_dict(json.loads(json.dumps(reported.to_dict())))
+        assert back == reported
+        assert reported.evidence == {**f.evidence, **phrase(f).notes}
 
 
 @pytest.mark.parametrize(("name", "expected"), EXPECTED)
@@ -149,7 +151,7 @@ def test_idle_gpu_details() -> None:
     f = _one(analyze(load("idle_allocated_gpu")[0]), "idle_device")
     assert f.evidence["pids"] == [39127]
     assert f.evidence["held_bytes"] == 18 * GIB + 512 * MIB
-    assert "`kill 39127`" in f.evidence["fix"]
+    assert "`kill 39127`" in phrase(f).notes["fix"]
 
 
 def test_memory_fit_details() -> None:

@@ -6,8 +6,8 @@ import re
 from typing import Any
 
 from auditor.analysis import SampleStore, analyze
-from auditor.analysis.findings import Finding
 from auditor.report.json_report import build_report
+from auditor.report.model import ReportFinding
 from auditor.report.phrasing import phrase
 from auditor.report.terminal import render_verdict, wrap
 from auditor.samples import MemoryBudget
@@ -134,7 +134,7 @@ def test_verdict_does_not_claim_balance_on_too_few_steps() -> None:
 
 def test_verdict_prefers_cause_and_lists_several_ranks() -> None:
     _, _, report = starved_report()
-    symptom = Finding(
+    symptom = ReportFinding(
         kind="utilization_imbalance",
         severity="critical",
         ranks=(1, 2),

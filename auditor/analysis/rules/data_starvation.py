@@ -45,6 +45,8 @@ import statistics
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from auditor.wording import ranks_text
+
 from ..advisor import predicted_speedup
 from ..findings import Finding, severity_for
 from ..loading import (
@@ -55,7 +57,6 @@ from ..loading import (
     host_available_bytes,
     loading_cost,
 )
-from ..measures import ranks_text
 from ..snapshot import Snapshot
 from ..stats import RankStats
 

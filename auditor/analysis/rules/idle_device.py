@@ -13,7 +13,7 @@ any rank (an operator's node-only view) the GPUs are judged alone.
 
 Blamed: the ranks that own the GPU (:func:`auditor.analysis.devices.gpu_owners`), else ranks of
 the job with a stray process on it; otherwise no rank (``ranks=()``): the GPU and the PIDs are
-named in the evidence and the summary, with the fix under ``evidence["fix"]``.
+named in the evidence and the summary; the report gives the fix under ``evidence["fix"]``.
 
 Speed-up: not predicted. Nothing in the job waits for an idle GPU; freeing it gives its memory,
 and the GPU itself, to work that uses it. One finding per idle GPU, ``warning``.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..devices import GIB, DeviceStats, fmt_gib
+from ..devices import GIB, DeviceStats
 from ..findings import Finding
 from ..snapshot import Snapshot
 
@@ -96,37 +96,7 @@ def _finding(d: DeviceStats, ranks: tuple[int, ...], held: float | None) -> Find
             "processes": {str(p.pid): p.used_bytes for p in d.processes},
             "window_s": round(d.span_s, 1),
             "samples": d.samples,
-            "fix": fix_note(facts, owned=bool(ranks)),
             "speedup_model": SPEEDUP_NOTE,
         },
         predicted_speedup=None,
-    )
-
-
-def holders_note(facts: Facts) -> str:
-    """Who holds the GPU's memory where no rank of the job does: ``PID 31337 holds``."""
-    if not facts.pids:  # NVML listed none (containers), or the figures came from Prometheus
-        return "processes outside this job hold"
-    pids = ", ".join(str(p) for p in facts.pids)
-    return f"PID {pids} holds" if len(facts.pids) == 1 else f"PIDs {pids} hold"
-
-
-def fix_note(facts: Facts, *, owned: bool) -> str:
-    """The fix as the evidence records it (``evidence["fix"]``, the only place a fix for a GPU
-    no rank owns is given): free the GPU, from the rank that ``owned`` it or from the processes
-    outside the job. The owning ranks' fix quotes it."""
-    busy = f"busy {facts.busy:.0%} over {facts.window_s:.0f} s"
-    if owned:
-        return (
-            f"free it: the process holds {fmt_gib(facts.held_bytes)} on {facts.label} ({busy}) "
-            "and never computes there; if the rank should use this GPU check "
-            "CUDA_VISIBLE_DEVICES and call torch.cuda.set_device(local_rank) first, otherwise "
-            "stop allocating on it"
-        )
-    kill = " ".join(str(p) for p in facts.pids) or "<pid>"
-    them = "it" if len(facts.pids) <= 1 else "them"
-    return (
-        f"free it: {holders_note(facts)} {fmt_gib(facts.held_bytes)} on idle {facts.label} "
-        f"({busy}), outside this job; stop {them} on {facts.node or 'the node'} (`kill {kill}`) "
-        "or give the GPU to a job that uses it"
     )

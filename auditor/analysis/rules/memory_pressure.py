@@ -11,7 +11,7 @@ but flat GPU is normal; so is a rise during warm-up that has levelled off. ``war
 window (memory rising while the model loads is not pressure).
 
 Blamed: the ranks on the GPU (:func:`auditor.analysis.devices.gpu_owners`); a GPU no rank owns
-is named with ``ranks=()`` and its fix under ``evidence["fix"]``.
+is named with ``ranks=()``; the report gives its fix under ``evidence["fix"]``.
 
 Fix, with numbers: the batch that brings the peak to ``target_ratio`` of the total, from the
 rank's fitted ``memory = a + b * batch`` (:mod:`.memory_headroom`) where its batch varied, else
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..budget import BudgetModel, model_for
-from ..devices import DeviceStats, fmt_gib
+from ..devices import DeviceStats
 from ..findings import Finding
 from ..measures import MemoryFit, rank_memory_fits
 from ..snapshot import RankView, Snapshot
@@ -178,7 +178,6 @@ def detect(
                     "rise_bytes": round(rise),
                     "minutes_to_full": round(minutes, 2),
                     "per_rank": per_rank,
-                    "fix": None if ranks else _unowned_note(d, ratio, recent, minutes),
                     "speedup_model": SPEEDUP_NOTE,
                 },
                 predicted_speedup=None,
@@ -283,17 +282,3 @@ def _host_short(
             )
         )
     return out
-
-
-def _unowned_note(d: DeviceStats, ratio: float, recent: float, minutes: float) -> str:
-    """The evidence's note for a GPU no rank owns (so no rank's fix says it): its state and
-    the generic remedy. The report words the findings' fixes themselves
-    (:mod:`auditor.report.phrasing.memory_pressure`)."""
-    return (
-        f"{d.label} peaks at {ratio:.0%} of {fmt_gib(d.mem_total_bytes)} and rises "
-        f"{recent * 60 / MIB:.0f} MiB/min (full in about {minutes:.0f} min): "
-        "gradient checkpointing (torch.utils.checkpoint on the largest blocks: activations "
-        "shrink, commonly enough for a 4-10x larger batch, for about a third more compute), or "
-        "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16): activations "
-        "about half)"
-    )

@@ -34,10 +34,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from auditor.wording import ranks_text
+
 from ..advisor import predicted_speedup
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import peer_median, ranks_text
+from ..measures import peer_median
 from ..snapshot import Snapshot
 from ..stats import collective_ops_ms, collective_ops_order
 

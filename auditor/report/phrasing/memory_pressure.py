@@ -27,7 +27,8 @@ def _filling(facts: Filling, finding: Finding) -> Phrase:
     fixes = {
         r: f"{state}: {_rank_fix(rank, facts.target_ratio)}" for r, rank in facts.ranks.items()
     }
-    return Phrase(summary, fixes)
+    # A GPU no rank owns: no rank's fix says it, so the evidence does.
+    return Phrase(summary, fixes, {"fix": None if ranks else f"{state}: {_generic_fix()}"})
 
 
 def _rank_fix(rank: RankRelief, target_ratio: float) -> str:

@@ -24,6 +24,9 @@ class Phrase:
 
     summary: str = ""
     fixes: Mapping[int, str] = field(default_factory=dict)
+    # Words the report adds to the finding's evidence, where the JSON report has always carried
+    # them: ``fix``, the change to make on a GPU no rank owns (so no rank's fix says it).
+    notes: Mapping[str, object] = field(default_factory=dict)
 
 
 @singledispatch
@@ -35,8 +38,8 @@ def phrase_facts(facts: object, finding: Finding) -> Phrase:
 
 def phrase(finding: Finding) -> Phrase:
     """``finding``'s words, from its facts."""
-    if finding.facts is None:  # transitional: a rule that still writes its own prose
-        return Phrase(finding.summary, dict(finding.fixes))
+    if finding.facts is None:  # built without facts (a test's): nothing to say
+        return Phrase()
     return phrase_facts(finding.facts, finding)
 
 
