@@ -1,11 +1,12 @@
 """How figures read, in one place: ms, %, bytes, rank lists, durations and severity words.
 
-The rules (:mod:`auditor.analysis`) write their summaries and fixes with these, and every
-renderer (the terminal verdict, the live panel, the HTML page, ``compare``) writes its cells
-with them, so a figure reads the same wherever it appears. A bottom-level module: it imports
-nothing from :mod:`auditor`, so any layer may import it.
+The findings' words (:mod:`auditor.report.phrasing`) are written with these, and every renderer
+(the terminal verdict, the live panel, the HTML page, ``compare``) writes its cells with them, so
+a figure reads the same wherever it appears. A bottom-level module: it imports nothing from
+:mod:`auditor`, so any layer may import it (the analysis keeps a few short measured notes in
+its evidence with it).
 
-Two conventions: prose (a rule's sentence) says ``n/a`` for what is unknown and carries the unit
+Two conventions: prose (a finding's sentence) says ``n/a`` for what is unknown and carries the unit
 (``12 ms``, ``1.5 GiB``); a table cell says ``-`` (:data:`MISSING`) for what was not measured,
 never 0, and leaves the unit to its column title (``12.3`` under ``step ms``).
 """

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from auditor.wording import fmt_ms as fmt_ms
-from auditor.wording import fmt_pct as fmt_pct
-
 from .stats import RankStats
 
 

@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import MemoryBudget
-from auditor.wording import fmt_bytes as fmt_bytes
 
 # Gradient checkpointing: activations cut 4x (the conservative end of the usual 4-10x).
 CHECKPOINT_FACTOR = 4.0
@@ -267,47 +266,5 @@ def model_for(
     return BudgetModel(budget, batch, cap, source, max(1, world_size))
 
 
-LEVER_TEXT = {
-    "checkpointing": "gradient checkpointing (torch.utils.checkpoint on the largest blocks: "
-    f"activations about {CHECKPOINT_FACTOR:.0f}x smaller for about a third more compute)",
-    "autocast_bf16": "bf16 autocast (torch.autocast(device_type=..., dtype=torch.bfloat16): "
-    "activations halved)",
-    "bf16_params": "bf16 parameters and gradients (FSDP MixedPrecisionPolicy, or the model in "
-    "bf16 with fp32 master weights in the optimizer)",
-    "sgd_momentum": "an optimizer with one state per parameter (SGD with momentum: x3 the "
-    "parameters instead of Adam's x4)",
-    "sgd": "plain SGD (no state: x2 the parameters)",
-    "shard": "sharding parameters, gradients and optimizer state over the ranks (FSDP "
-    "fully_shard / ZeRO-3)",
-}
-
-
-def levers_text(model: BudgetModel, fmt: Any, limit: int = 3) -> str:
-    """The levers, largest saving first, in words with their bytes and batches."""
-    levers = sorted(model.levers().values(), key=lambda lv: -lv.frees_bytes)[:limit]
-    parts = []
-    for lv in levers:
-        batch = "" if lv.largest_batch is None else f", batch up to {lv.largest_batch}"
-        parts.append(f"{LEVER_TEXT[lv.name]} frees {fmt(lv.frees_bytes)}{batch}")
-    return "; ".join(parts)
-
-
 def _round(v: float | None) -> int | None:
     return None if v is None else round(v)
-
-
-def parts_text(model: BudgetModel) -> str:
-    """The fixed part in words: parameters + gradients + optimizer state + buffers (+ copies)."""
-    b = model.budget
-    opt = f" ({b.optimizer})" if b.optimizer else ""
-    text = (
-        f"fixed part {fmt_bytes(model.fixed_bytes)} = parameters {fmt_bytes(b.param_bytes)} + "
-        f"gradients {fmt_bytes(b.grad_bytes)} + optimizer state {fmt_bytes(b.optimizer_bytes)}"
-        f"{opt} + buffers {fmt_bytes(b.buffer_bytes)}"
-    )
-    if b.other_module_bytes:
-        text += f" + modules outside the model {fmt_bytes(b.other_module_bytes)}"
-    per = model.per_sample_bytes
-    if per is not None:
-        text += f"; activations {fmt_bytes(per)} per sample"
-    return text

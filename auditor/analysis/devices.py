@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from auditor.samples import DeviceSample, GpuProcess, RankInfo
-from auditor.wording import fmt_gib as fmt_gib
 
 GIB = 1024**3
 # Throttle (clock-event) reasons that say nothing about the GPU's health: an idle GPU lowers its

@@ -1,8 +1,14 @@
-"""The finding: what a rule concludes, with its evidence, blamed ranks, fixes and speed-up."""
+"""The finding: what a rule concludes, with its evidence, blamed ranks, facts and speed-up.
+
+A finding holds no prose. Its ``facts`` are the rule's typed conclusion (a frozen dataclass the
+rule's module defines: the figures and decisions its summary and fixes need); the report layer
+words them (:mod:`auditor.report.phrasing`), so a sentence changes in one place and a rule only
+measures and decides.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
 # Stable names (DESIGN.md): used in JSON, metrics, dashboards and alert rules.
@@ -42,8 +48,10 @@ class Finding:
     """One conclusion about the job.
 
     ``ranks`` are the ranks the finding blames (never the ranks that only wait for them);
-    ``fixes`` maps each blamed rank to a concrete change; ``predicted_speedup`` is the job's
-    expected step-rate gain if every fix is applied, under the DDP barrier model
+    ``facts`` is the rule's typed conclusion, from which the report words the summary and one
+    concrete change per blamed rank (:mod:`auditor.report.phrasing`); ``evidence`` is the
+    measured record the JSON report carries; ``predicted_speedup`` is the job's expected
+    step-rate gain if every fix is applied, under the DDP barrier model
     (:mod:`auditor.analysis.advisor`). ``cause`` names the kind that explains a symptom
     finding such as ``utilization_imbalance``.
     """
@@ -51,9 +59,8 @@ class Finding:
     kind: str
     severity: str
     ranks: tuple[int, ...]
-    summary: str
+    facts: Any = None
     evidence: dict[str, Any] = field(default_factory=dict)
-    fixes: dict[int, str] = field(default_factory=dict)
     predicted_speedup: float | None = None
     cause: str | None = None
 
@@ -68,31 +75,22 @@ class Finding:
         return SEVERITY_RANK[self.severity]
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as plain data, its facts included (for comparing findings and for test
+        messages; the report's JSON form, with words, is
+        :meth:`auditor.report.model.ReportFinding.to_dict`)."""
         return {
             "kind": self.kind,
             "severity": self.severity,
             "ranks": list(self.ranks),
-            "summary": self.summary,
-            "evidence": self.evidence,
-            "fixes": {str(r): fix for r, fix in sorted(self.fixes.items())},
-            "predicted_speedup": (
-                None if self.predicted_speedup is None else round(self.predicted_speedup, 3)
+            "facts": (
+                asdict(self.facts)
+                if is_dataclass(self.facts) and not isinstance(self.facts, type)
+                else self.facts
             ),
+            "evidence": self.evidence,
+            "predicted_speedup": self.predicted_speedup,
             "cause": self.cause,
         }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Finding:
-        return cls(
-            kind=d["kind"],
-            severity=d["severity"],
-            ranks=tuple(int(r) for r in d.get("ranks", ())),
-            summary=d.get("summary", ""),
-            evidence=dict(d.get("evidence") or {}),
-            fixes={int(k): v for k, v in (d.get("fixes") or {}).items()},
-            predicted_speedup=d.get("predicted_speedup"),
-            cause=d.get("cause"),
-        )
 
 
 def severity_for(

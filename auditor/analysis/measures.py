@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import DeviceSample, RankInfo
-from auditor.wording import ranks_text as ranks_text
 
 from .devices import DeviceStats, linear_fit
 from .findings import Finding
@@ -70,12 +69,6 @@ class PeerMedians:
         if m % 2:
             return at(m // 2)
         return (at(m // 2 - 1) + at(m // 2)) / 2
-
-
-def with_expectation(fix: str, speedup: float | None) -> str:
-    if speedup is None or speedup < 1.02:
-        return fix
-    return f"{fix}; expect about {speedup:.1f}x"
 
 
 def measured_gpus(snapshot: Snapshot, min_samples: int) -> dict[str, DeviceStats]:
@@ -147,14 +140,14 @@ def imbalance_finding(
     mem: Mapping[str, float | None],
     *,
     ranks: tuple[int, ...],
-    fixes: dict[int, str],
-    summary: str,
+    facts: object,
     near_full: float,
     owners: Mapping[str, Sequence[int]],
     cause: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Finding:
-    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with.
+    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with,
+    with the calling rule's ``facts`` (each rule words its own).
 
     Shared with ``dataparallel_gather``, which names GPU 0 of a DataParallel job this way.
     """
@@ -184,9 +177,8 @@ def imbalance_finding(
         kind="memory_imbalance",
         severity=severity,
         ranks=ranks,
-        summary=summary,
+        facts=facts,
         evidence=evidence,
-        fixes=fixes,
         predicted_speedup=None,
         cause=cause,
     )

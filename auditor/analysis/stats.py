@@ -116,22 +116,22 @@ class RankStats:
             return None
         return self.worker_rss_bytes / self.workers
 
-    def collective_ops_text(self) -> str:
-        """The operations the rank waited in, largest first (``"all_gather/ddp_allreduce"``);
-        empty where none was reported."""
-        return collective_ops_text([self])
+    def collective_ops_order(self) -> tuple[str, ...]:
+        """The operations the rank waited in, largest first (``("all_gather",
+        "ddp_allreduce")``); empty where none was reported."""
+        return collective_ops_order([self])
 
 
-def collective_ops_text(stats: Iterable[RankStats]) -> str:
+def collective_ops_order(stats: Iterable[RankStats]) -> tuple[str, ...]:
     """The operations these ranks waited in, the largest wait (summed over the ranks) first:
-    ``"all_gather/ddp_allreduce"``; empty where none was reported. What a finding says its
+    ``("all_gather", "ddp_allreduce")``; empty where none was reported. What a finding says its
     waiting ranks wait in."""
     totals: dict[str, float] = {}
     for s in stats:
         for op, wait in (s.collective_ops or {}).items():
             totals[op] = totals.get(op, 0.0) + wait
     ops = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
-    return "/".join(name for name, wait in ops if wait > 0)
+    return tuple(name for name, wait in ops if wait > 0)
 
 
 def collective_ops_ms(stats: Mapping[int, RankStats]) -> dict[str, dict[str, float]]:

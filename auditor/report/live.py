@@ -23,6 +23,7 @@ from auditor.analysis.findings import Finding, severity_key
 from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import RankStats
 from auditor.report.columns import FIGURE_COLUMNS, cells, titles
+from auditor.report.phrasing import phrase
 from auditor.report.terminal import clip
 from auditor.wording import (
     MISSING,
@@ -241,7 +242,7 @@ def _finding_lines(fs: Sequence[Finding], width: int, most: int) -> list[Line]:
     out = []
     for f in shown:
         who = f" {ranks_text(f.ranks)}" if f.ranks else ""
-        out.append(Line(_clip(f"! {f.kind}{who}: {f.summary}", width), f.severity))
+        out.append(Line(_clip(f"! {f.kind}{who}: {phrase(f).summary}", width), f.severity))
     if len(fs) > len(shown) and out:
         rest = len(fs) - len(shown) + 1
         out[-1] = Line(_clip(f"! {rest} more findings (the verdict lists them all)", width))

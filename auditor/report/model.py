@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from auditor.analysis.findings import Finding, severity_key
+from auditor.report.phrasing import phrase
 
 SCHEMA = "auditor.report/v1"
 
@@ -283,8 +284,20 @@ class ReportFinding:
 
     @classmethod
     def of(cls, finding: Finding) -> ReportFinding:
-        """The report's view of a rule's finding (JSON values, as the document holds them)."""
-        return cls.from_dict(jsonable(finding.to_dict()))
+        """The report's view of a rule's finding: its words
+        (:func:`~auditor.report.phrasing.phrase`) and JSON values, as the document holds them."""
+        words = phrase(finding)
+        speedup = finding.predicted_speedup
+        return cls(
+            kind=finding.kind,
+            severity=finding.severity,
+            ranks=tuple(int(r) for r in finding.ranks),
+            summary=words.summary,
+            evidence=jsonable({**finding.evidence, **words.notes}),
+            fixes={int(r): str(fix) for r, fix in sorted(words.fixes.items())},
+            predicted_speedup=None if speedup is None else jsonable(round(speedup, 3)),
+            cause=finding.cause,
+        )
 
 
 @dataclass(frozen=True)

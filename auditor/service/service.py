@@ -26,6 +26,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
 from auditor.metrics.query import PrometheusClient, PrometheusError, Vector
+from auditor.report.model import ReportFinding
 
 from .promsnapshot import Answers, build_snapshots, queries, running_jobs
 
@@ -69,7 +70,7 @@ def finding_dict(result: JobResult, finding: Finding) -> dict[str, Any]:
     """A finding as served over HTTP: the report's form plus its job and each rank's node."""
     return {
         "job": result.job,
-        **finding.to_dict(),
+        **ReportFinding.of(finding).to_dict(),
         "nodes": {str(r): result.nodes.get(r, "") for r in finding.ranks},
     }
 

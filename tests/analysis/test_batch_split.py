@@ -8,6 +8,7 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import batch_split
 from auditor.analysis.rules.batch_split import equalising_split
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced, ddp_snapshot, uneven_batch
 
 
@@ -31,9 +32,9 @@ def test_equalising_sizes_keep_the_global_batch() -> None:
     assert f.evidence["global_batch"] == 160
     assert sum(target.values()) == 160
     assert target == {"0": 40, "1": 40, "2": 40, "3": 40}
-    assert f.fixes[1].startswith("batch_size 64 -> 40")
+    assert phrase(f).fixes[1].startswith("batch_size 64 -> 40")
     for r in (0, 2, 3):
-        assert f.fixes[r].startswith("batch_size 32 -> 40 (keeps the global batch of 160)")
+        assert phrase(f).fixes[r].startswith("batch_size 32 -> 40 (keeps the global batch of 160)")
 
 
 def test_predicted_speedup_matches_barrier_model() -> None:

@@ -9,6 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import batch_split
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from auditor.samples import Batch
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec
@@ -38,9 +39,9 @@ def test_30_over_4_names_the_short_gpu_and_the_nearest_batches() -> None:
     # compute but not of the rest of the step: 32 first.
     assert f.evidence["nearest_batches"] == [32, 28]
     assert f.evidence["even_chunk_sizes"] == [8, 8, 7, 7]
-    assert f.fixes[0].startswith("batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU)")
-    assert "8, 8, 8, 6 (GPU 3 gets 6)" in f.fixes[0]
-    assert "8, 8, 7, 7" in f.fixes[0]
+    assert phrase(f).fixes[0].startswith("batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU)")
+    assert "8, 8, 8, 6 (GPU 3 gets 6)" in phrase(f).fixes[0]
+    assert "8, 8, 7, 7" in phrase(f).fixes[0]
     # Samples per second: 32 samples in the step that did 30.
     assert f.predicted_speedup == pytest.approx(32 / 30, rel=0.01)
     assert f.severity == "info"

@@ -11,6 +11,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import batch_split
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 
 # A 3:1 split on a 2-core CPU host: rank 0 trains on 48 samples, rank 1 on 16, and the step
@@ -35,10 +36,14 @@ def test_3_to_1_split_is_a_warning_with_the_equal_split(mode: str) -> None:
     assert f.severity == "warning"  # before: info, the speed effect being small
     assert f.predicted_speedup is not None and f.predicted_speedup < 1.10
     name = mode.upper()
-    assert f.fixes[0].startswith(
-        f"batch_size 48 -> 32 (the equal split: {name} weighs every rank's gradient equally)"
+    assert (
+        phrase(f)
+        .fixes[0]
+        .startswith(
+            f"batch_size 48 -> 32 (the equal split: {name} weighs every rank's gradient equally)"
+        )
     )
-    assert f.fixes[1] == "batch_size 16 -> 32 (keeps the global batch of 64)"
+    assert phrase(f).fixes[1] == "batch_size 16 -> 32 (keeps the global batch of 64)"
     assert f.evidence["equal_batch_size"] == {"0": 32, "1": 32}
     assert f.evidence["global_batch"] == 64
     assert f.evidence["sample_weight_ratio"] == 3.0
@@ -51,7 +56,7 @@ def test_3_to_1_split_is_a_warning_with_the_equal_split(mode: str) -> None:
         "takes 3.0x the steps of rank 0 (batch 48) to go through it, so the ranks' epochs end "
         "at different steps"
     )
-    assert f.summary == (
+    assert phrase(f).summary == (
         "uneven per-rank batches (rank 0: 48, rank 1: 16): each sample of rank 1 counts 3.0x "
         "one of rank 0 in the averaged gradient"
     )
@@ -63,9 +68,13 @@ def test_the_faster_per_sample_rank_also_gets_the_loss_weighting_alternative() -
     # the fix says how to keep it correct.
     f = _only(batch_split.detect(ddp_snapshot([BIG, SMALL], nodes=TWO_CORES)))
     assert f.evidence["equalising_batch_size"] == {"0": 47, "1": 17}
-    assert f.fixes[0].endswith(
-        ", or keep 48 for its speed and scale each rank's loss by its batch x 2 / 64 so every "
-        "sample counts once"
+    assert (
+        phrase(f)
+        .fixes[0]
+        .endswith(
+            ", or keep 48 for its speed and scale each rank's loss by its batch x 2 / 64 so every "
+            "sample counts once"
+        )
     )
 
 
@@ -76,12 +85,12 @@ def test_equal_speed_3_to_1_split_is_slow_and_wrong() -> None:
     f = _only(batch_split.detect(ddp_snapshot([unit.scaled(3.0, batch_size=48), unit])))
     assert f.predicted_speedup == pytest.approx(155 / 105, rel=0.02)
     assert f.severity == "warning"
-    assert f.summary.startswith(
+    assert phrase(f).summary.startswith(
         "uneven per-rank batches (rank 0: 48, rank 1: 16): rank 0 holds the others back, and "
         "each sample of rank 1 counts 3.0x one of rank 0"
     )
-    assert "or keep" not in f.fixes[0]  # equal speeds: the equal split is the only fix
-    assert f.fixes[0].endswith("expect about 1.5x")
+    assert "or keep" not in phrase(f).fixes[0]  # equal speeds: the equal split is the only fix
+    assert phrase(f).fixes[0].endswith("expect about 1.5x")
 
 
 def test_without_gradient_averaging_only_the_speed_counts() -> None:
@@ -90,7 +99,7 @@ def test_without_gradient_averaging_only_the_speed_counts() -> None:
     f = _only(batch_split.detect(ddp_snapshot([BIG, SMALL], nodes=TWO_CORES, parallel_mode="none")))
     assert f.severity == "info"
     assert "gradient_weighting" not in f.evidence
-    assert f.summary.endswith("rank 0 holds the others back")
+    assert phrase(f).summary.endswith("rank 0 holds the others back")
 
 
 def test_verdict_is_not_balanced() -> None:

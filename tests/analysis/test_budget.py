@@ -21,6 +21,7 @@ from auditor.analysis.budget import (
 )
 from auditor.analysis.rules import memory_headroom, memory_imbalance, memory_pressure
 from auditor.analysis.snapshot import RankView, Snapshot
+from auditor.report.phrasing import phrase
 from auditor.samples import MemoryBudget, RankInfo, StepSample
 from tests.helpers.units import GIB, MIB
 
@@ -189,7 +190,7 @@ def test_headroom_says_the_largest_batch_from_the_budget() -> None:
 def test_headroom_warns_when_the_batch_does_not_fit_on_a_gpu() -> None:
     found = memory_headroom.detect(snap(view(0, adam(), batch=64)))
     assert [(f.kind, f.severity, f.ranks) for f in found] == [("memory_headroom", "warning", (0,))]
-    fix = found[0].fixes[0]
+    fix = phrase(found[0]).fixes[0]
     # 640 MiB of activations against a 400 MiB fixed part: checkpointing first.
     assert "the lever is the activations" in fix
     assert fix.index("gradient checkpointing") < fix.index("plain SGD")
@@ -199,7 +200,7 @@ def test_headroom_warns_when_the_batch_does_not_fit_on_a_gpu() -> None:
     )  # fmt: skip
     found = memory_headroom.detect(snap(view(0, big)))
     assert [f.severity for f in found] == ["warning"]
-    fix = found[0].fixes[0]
+    fix = phrase(found[0]).fixes[0]
     assert "the lever is the fixed part" in fix
     assert found[0].evidence["per_rank"]["0"]["levers"]["sgd"]["frees_bytes"] == 500 * MIB
 
@@ -214,7 +215,9 @@ def test_headroom_on_a_cpu_job_stays_info() -> None:
     # The host would "fit" thousands of samples: the figure stays in the evidence, and the fix
     # offers no batch the rank should not take.
     assert found[0].evidence["per_rank"]["0"]["largest_batch"] > 1000
-    assert "->" not in found[0].fixes[0] and "nothing to change" in found[0].fixes[0]
+    assert (
+        "->" not in phrase(found[0]).fixes[0] and "nothing to change" in phrase(found[0]).fixes[0]
+    )
 
 
 def test_pressure_on_a_cpu_host_short_of_memory() -> None:
@@ -227,7 +230,7 @@ def test_pressure_on_a_cpu_host_short_of_memory() -> None:
     assert memory_pressure.detect(snap(view(0, cpu(16 * GIB)))) == []
     found = memory_pressure.detect(snap(view(0, cpu(2 * GIB))))  # 3% available
     assert [(f.severity, f.ranks) for f in found] == [("warning", (0,))]
-    assert "plain SGD" in found[0].fixes[0]
+    assert "plain SGD" in phrase(found[0]).fixes[0]
     found = memory_pressure.detect(snap(view(0, cpu(GIB))))  # 1.6%
     assert found[0].severity == "critical"
 
@@ -238,7 +241,7 @@ def test_imbalance_names_the_rank_with_an_extra_copy() -> None:
     )
     assert [f.ranks for f in found] == [(1,)]
     assert found[0].evidence["extra_by_part"] == {"other_module_bytes": 100 * MIB}
-    assert "EMA" in found[0].fixes[1]
+    assert "EMA" in phrase(found[0]).fixes[1]
 
 
 def test_balanced_budgets_raise_nothing() -> None:

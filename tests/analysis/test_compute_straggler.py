@@ -10,6 +10,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import compute_straggler
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import (
     backward_straggler,
     balanced,
@@ -48,9 +49,9 @@ def _only(findings: list[Finding]) -> Finding:
 def test_blames_the_slow_rank_and_names_the_phase(specs: list, slow_rank: int, phase: str) -> None:
     f = _only(compute_straggler.detect(ddp_snapshot(specs)))
     assert f.ranks == (slow_rank,)
-    assert set(f.fixes) == {slow_rank}
+    assert set(phrase(f).fixes) == {slow_rank}
     assert f.evidence["per_rank"][str(slow_rank)]["phase"] == phase
-    assert f.fixes[slow_rank].startswith(f"{phase} takes ")
+    assert phrase(f).fixes[slow_rank].startswith(f"{phase} takes ")
     # No other finding blames a rank that only waits.
     for other in analyze(ddp_snapshot(specs)):
         assert set(other.ranks) <= {slow_rank}, other.to_dict()
@@ -75,7 +76,7 @@ def test_slow_backward_found_with_the_wait_carved_out() -> None:
     assert f.evidence["per_rank"]["1"]["peer_phase_ms"] == pytest.approx(60, rel=0.05)
     for finding in analyze(snap):
         assert 0 not in finding.ranks, finding.to_dict()
-        assert 0 not in finding.fixes, finding.to_dict()
+        assert 0 not in phrase(finding).fixes, finding.to_dict()
 
 
 def test_predicted_speedup_matches_barrier_model() -> None:
@@ -92,13 +93,13 @@ def test_two_stragglers_are_both_blamed() -> None:
     specs = with_rank(with_rank(balanced(4), 0, backward=0.260), 1, backward=0.100)
     f = _only(compute_straggler.detect(ddp_snapshot(specs)))
     assert f.ranks == (0, 1)
-    assert set(f.fixes) == {0, 1}
+    assert set(phrase(f).fixes) == {0, 1}
 
 
 def test_batch_size_alternative_for_a_slower_device() -> None:
     # Rank 2 computes 1.4x slower per sample: 32 * 100 / 140 = 22.9 -> 23.
     f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
-    assert "batch_size 32 -> 23" in f.fixes[2]
+    assert "batch_size 32 -> 23" in phrase(f).fixes[2]
 
 
 @pytest.mark.parametrize(
@@ -166,7 +167,7 @@ def test_names_the_collectives_the_others_wait_in() -> None:
     snap = collective_ops(snap, 2, {"ddp_allreduce": 1})
     f = _only(compute_straggler.detect(snap))
     assert f.ranks == (2,)
-    assert f.summary.endswith("the others wait for it in ddp_allreduce/all_gather_object")
+    assert phrase(f).summary.endswith("the others wait for it in ddp_allreduce/all_gather_object")
     ops = f.evidence["collective_ops_ms"]
     assert set(ops) == {"0", "1", "2", "3"}
     assert set(ops["0"]) == {"ddp_allreduce", "all_gather_object"}
@@ -176,5 +177,5 @@ def test_names_the_collectives_the_others_wait_in() -> None:
 
 def test_without_named_collectives_the_wait_is_at_the_all_reduce() -> None:
     f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
-    assert f.summary.endswith("the others wait for it at the all-reduce")
+    assert phrase(f).summary.endswith("the others wait for it at the all-reduce")
     assert "collective_ops_ms" not in f.evidence

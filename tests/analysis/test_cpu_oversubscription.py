@@ -9,6 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import cpu_oversubscription
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, RankSpec, balanced, ddp_snapshot, oversubscribed_2core
 
 
@@ -69,9 +70,9 @@ def test_blames_the_rank_with_too_many_workers_and_lowers_them(
 ) -> None:
     f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
     assert f.ranks == expected_ranks
-    assert set(f.fixes) == set(expected_ranks)
+    assert set(phrase(f).fixes) == set(expected_ranks)
     for r in expected_ranks:
-        old, new = _lowered(f.fixes[r])
+        old, new = _lowered(phrase(f).fixes[r])
         assert old == specs[r].num_workers
         assert new == expected_new[r]
         assert 1 <= new < old  # lowers, never raises

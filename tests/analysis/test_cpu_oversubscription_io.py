@@ -10,6 +10,7 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.rules import cpu_oversubscription
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 
 TWO_CORES = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
@@ -46,7 +47,7 @@ def test_io_bound_workers_of_a_starved_rank_are_not_oversubscribing(
     findings = cpu_oversubscription.detect(snap, min_worker_cpu=0.3)
     assert tuple(r for f in findings for r in f.ranks) == expected
     for f in findings:
-        m = re.match(r"num_workers 16 -> (\d+)", f.fixes[1])
+        m = re.match(r"num_workers 16 -> (\d+)", phrase(f).fixes[1])
         assert m is not None and int(m.group(1)) < 16
 
 
@@ -57,6 +58,10 @@ def test_engine_raises_io_bound_workers_instead_of_lowering_them() -> None:
     (starved,) = [f for f in findings if f.kind == "data_starvation"]
     assert starved.ranks == (1,)
     # Load per batch 16 x 254 ms against 100 ms of work wants 51 workers: the named cap, 32.
-    assert starved.fixes[1].startswith("num_workers 16 -> 32 (capped at 32; for more, make reads")
-    assert "no free CPU" not in starved.fixes[1]
+    assert (
+        phrase(starved)
+        .fixes[1]
+        .startswith("num_workers 16 -> 32 (capped at 32; for more, make reads")
+    )
+    assert "no free CPU" not in phrase(starved).fixes[1]
     assert starved.evidence["per_rank"]["1"]["loading"]["kind"] == "io"

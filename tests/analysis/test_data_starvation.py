@@ -10,6 +10,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import data_starvation
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, balanced, ddp_snapshot, starved_rank3, with_rank
 
 
@@ -27,7 +28,7 @@ def test_blames_exactly_the_starved_rank() -> None:
     f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
     assert f.kind == "data_starvation"
     assert f.ranks == (3,)
-    assert set(f.fixes) == {3}
+    assert set(phrase(f).fixes) == {3}
     assert f.evidence["per_rank"]["3"]["data_wait_ratio"] == pytest.approx(0.60, abs=0.01)
     assert f.severity in ("warning", "critical")
 
@@ -43,9 +44,9 @@ def test_fix_raises_num_workers_to_keep_up() -> None:
     # Target pace: the rank's own work, 0.1 s. b = ceil(1.25 * 0.52 / 0.1) = ceil(6.5) = 7.
     # 64-core host, ~15 busy: plenty of free cores, so nothing caps it.
     f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
-    assert _new_workers(f.fixes[3], 2) == 7
+    assert _new_workers(phrase(f).fixes[3], 2) == 7
     assert f.evidence["per_rank"]["3"]["recommended_workers"] == 7
-    assert "capped" not in f.fixes[3]
+    assert "capped" not in phrase(f).fixes[3]
 
 
 def test_predicted_speedup_matches_barrier_model() -> None:
@@ -67,8 +68,8 @@ def test_workers_capped_by_free_cores_when_worker_cpu_unmeasured() -> None:
     snap = ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=32, busy_cores=31)})
     f = _only(data_starvation.detect(snap))
     assert f.ranks == (3,)
-    assert _new_workers(f.fixes[3], 2) == 3
-    assert "as many as the free cores allow" in f.fixes[3]
+    assert _new_workers(phrase(f).fixes[3], 2) == 3
+    assert "as many as the free cores allow" in phrase(f).fixes[3]
 
 
 def test_workers_capped_by_free_cores_when_worker_cpu_measured() -> None:
@@ -77,17 +78,17 @@ def test_workers_capped_by_free_cores_when_worker_cpu_measured() -> None:
     # uses now = 2.0 cores, i.e. 2.0 / 0.5 = 4 workers at most. Needed (uncapped) is 7.
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=32, busy_cores=31)})
     f = _only(data_starvation.detect(snap))
-    b = _new_workers(f.fixes[3], 2)
+    b = _new_workers(phrase(f).fixes[3], 2)
     assert b is not None
     assert 2 < b <= 4
-    assert "as many as the free cores allow" in f.fixes[3]
+    assert "as many as the free cores allow" in phrase(f).fixes[3]
 
 
 def test_saturated_host_without_prior_finding_does_not_raise_workers() -> None:
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=16, busy_cores=16)})
     f = _only(data_starvation.detect(snap))
-    assert _new_workers(f.fixes[3], 2) is None
-    assert "no free CPU" in f.fixes[3]
+    assert _new_workers(phrase(f).fixes[3], 2) is None
+    assert "no free CPU" in phrase(f).fixes[3]
 
 
 def _oversubscription(ranks: tuple[int, ...]) -> Finding:
@@ -95,8 +96,6 @@ def _oversubscription(ranks: tuple[int, ...]) -> Finding:
         kind="cpu_oversubscription",
         severity="warning",
         ranks=ranks,
-        summary="host oversubscribed",
-        fixes={r: "num_workers 2 -> 1" for r in ranks},
         predicted_speedup=1.3,
     )
 
@@ -105,8 +104,8 @@ def test_saturated_host_with_prior_oversubscription_does_not_raise_workers() -> 
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=16, busy_cores=16)})
     f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((3,)).ranks))
     assert f.ranks == (3,)
-    assert "num_workers 2 ->" not in f.fixes[3]
-    assert "no free CPU" in f.fixes[3]
+    assert "num_workers 2 ->" not in phrase(f).fixes[3]
+    assert "no free CPU" in phrase(f).fixes[3]
 
 
 def test_oversubscribed_rank_gets_no_workers_even_where_the_cores_look_free() -> None:
@@ -115,13 +114,13 @@ def test_oversubscribed_rank_gets_no_workers_even_where_the_cores_look_free() ->
     snap = ddp_snapshot(starved_rank3())
     f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((3,)).ranks))
     assert f.ranks == (3,)
-    assert _new_workers(f.fixes[3], 2) is None, f.fixes[3]
+    assert _new_workers(phrase(f).fixes[3], 2) is None, phrase(f).fixes[3]
 
 
 def test_prior_oversubscription_of_another_rank_does_not_block_the_raise() -> None:
     snap = ddp_snapshot(starved_rank3())
     f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((5,)).ranks))
-    assert _new_workers(f.fixes[3], 2) == 7
+    assert _new_workers(phrase(f).fixes[3], 2) == 7
 
 
 def test_saturated_host_through_the_engine_does_not_raise_workers() -> None:
@@ -133,9 +132,9 @@ def test_saturated_host_through_the_engine_does_not_raise_workers() -> None:
     assert 3 in by_kind["cpu_oversubscription"].ranks
     starving = by_kind["data_starvation"]
     assert starving.ranks == (3,)
-    new = _new_workers(starving.fixes[3], 2)
+    new = _new_workers(phrase(starving).fixes[3], 2)
     assert new is None or new < 2
-    assert "no free CPU" in starving.fixes[3]
+    assert "no free CPU" in phrase(starving).fixes[3]
 
 
 @pytest.mark.parametrize(
@@ -149,15 +148,15 @@ def test_saturated_host_through_the_engine_does_not_raise_workers() -> None:
 def test_pin_memory_advice(device: str, pin_memory: bool, mentions_pin: bool) -> None:
     snap = ddp_snapshot(starved_rank3(device=device, pin_memory=pin_memory))
     f = _only(data_starvation.detect(snap))
-    assert ("pin_memory=True" in f.fixes[3]) is mentions_pin
-    assert _new_workers(f.fixes[3], 2) == 7
+    assert ("pin_memory=True" in phrase(f).fixes[3]) is mentions_pin
+    assert _new_workers(phrase(f).fixes[3], 2) == 7
 
 
 def test_persistent_workers_advice() -> None:
     f = _only(data_starvation.detect(ddp_snapshot(starved_rank3(persistent_workers=False))))
-    assert "persistent_workers=True" in f.fixes[3]
+    assert "persistent_workers=True" in phrase(f).fixes[3]
     f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
-    assert "persistent_workers" not in f.fixes[3]
+    assert "persistent_workers" not in phrase(f).fixes[3]
 
 
 def test_main_process_loading_gets_workers() -> None:
@@ -166,7 +165,7 @@ def test_main_process_loading_gets_workers() -> None:
     snap = ddp_snapshot(with_rank(balanced(8), 3, data_wait=0.140, num_workers=0))
     f = _only(data_starvation.detect(snap))
     assert f.ranks == (3,)
-    assert _new_workers(f.fixes[3], 0) == 2
+    assert _new_workers(phrase(f).fixes[3], 0) == 2
 
 
 @pytest.mark.parametrize(
@@ -225,10 +224,10 @@ def test_low_cpu_per_worker_is_io_bound_when_well_under_the_fair_share(
     specs = starved_rank3(num_workers=8, worker_cpu=worker_cpu)
     snap = ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=16, busy_cores=busy)})
     f = _only(data_starvation.detect(snap))
-    m = re.match(r"num_workers (\d+) -> (\d+)", f.fixes[3])
+    m = re.match(r"num_workers (\d+) -> (\d+)", phrase(f).fixes[3])
     if raises:
-        assert m is not None and int(m.group(2)) > 8, f.fixes[3]
+        assert m is not None and int(m.group(2)) > 8, phrase(f).fixes[3]
         assert f.evidence["per_rank"]["3"]["loading"]["kind"] == "io"
     else:
-        assert m is None and "no free CPU" in f.fixes[3], f.fixes[3]
+        assert m is None and "no free CPU" in phrase(f).fixes[3], phrase(f).fixes[3]
         assert f.evidence["per_rank"]["3"]["loading"]["kind"] == "cpu"

@@ -14,6 +14,7 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import data_starvation
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 from tests.helpers.snapshots import collective_ops, data_cpu, host_available, process_memory
 from tests.helpers.units import GIB
@@ -100,7 +101,7 @@ def test_io_bound_loading_gets_workers_that_hide_the_wait(
         snap = edit(snap)
     f = _only(data_starvation.detect(snap, **thresholds))
     assert f.ranks == (1,)
-    fix = f.fixes[1]
+    fix = phrase(f).fixes[1]
     assert _new_workers(fix) == workers, fix
     assert says in fix
     assert "no free CPU" not in fix and "free cores allow" not in fix
@@ -118,7 +119,7 @@ def test_io_bound_speedup_is_the_wait_hidden() -> None:
     f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.03)))
     assert f.predicted_speedup == pytest.approx(259 / 100, rel=0.03)
     assert f.severity == "critical"
-    assert f.fixes[1].endswith("expect about 2.6x")
+    assert phrase(f).fixes[1].endswith("expect about 2.6x")
 
 
 def test_io_bound_memory_evidence_names_the_basis() -> None:
@@ -141,8 +142,8 @@ def test_ray_train_like_io_wait_of_90_percent() -> None:
     specs = [light, replace(light, data_wait=0.200, main_cpu=0.1)]
     snap = data_cpu(ddp_snapshot(specs, nodes=TWO_CORES_BUSY), 1, 0.02)
     f = _only(data_starvation.detect(snap))
-    assert _new_workers(f.fixes[1]) == 13
-    assert "no free CPU" not in f.fixes[1]
+    assert _new_workers(phrase(f).fixes[1]) == 13
+    assert "no free CPU" not in phrase(f).fixes[1]
     # Before 200 + 20 + 4 = 224 ms; after 1 + 20 + 4 = 25 ms.
     assert f.predicted_speedup == pytest.approx(224 / 25, rel=0.04)
 
@@ -152,7 +153,7 @@ def test_cpu_bound_loading_on_a_saturated_host_gets_cheaper_loading() -> None:
     # no idle core; the 0.56 cores its loading uses now (144 of 259 ms) do not fit one more
     # 0.9-core loader.
     f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.90)))
-    fix = f.fixes[1]
+    fix = phrase(f).fixes[1]
     assert _new_workers(fix) is None
     assert fix.startswith(
         "no free CPU on this host for more DataLoader workers and loading is CPU-bound "
@@ -175,20 +176,20 @@ def test_cheaper_factor_is_a_threshold() -> None:
     f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.90), cheaper_factor=4.0))
     # The wait 160 -> 40 ms: after 40 + 95 + 4 = 139 ms.
     assert f.predicted_speedup == pytest.approx(259 / 139, rel=0.03)
-    assert "at 1/4 of the loading time" in f.fixes[1]
+    assert "at 1/4 of the loading time" in phrase(f).fixes[1]
 
 
 def test_cpu_bound_loading_with_an_idle_core_is_capped_by_cores() -> None:
     # One idle core plus the 0.56 its loading uses now: one 0.9-core worker fits.
     f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)))
-    assert f.fixes[1].startswith("num_workers 0 -> 1 (as many as the free cores allow)")
+    assert phrase(f).fixes[1].startswith("num_workers 0 -> 1 (as many as the free cores allow)")
     assert f.evidence["per_rank"]["1"]["limited_by"] == "cores"
 
 
 def test_unmeasured_loading_cpu_is_named() -> None:
     # An older probe: no data CPU. Sized by cores as before, and the evidence says why.
     f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=None)))
-    assert f.fixes[1].startswith("no free CPU on this host for more DataLoader workers: ")
+    assert phrase(f).fixes[1].startswith("no free CPU on this host for more DataLoader workers: ")
     missing = f.evidence["not_measured"]
     assert any(m.startswith("loading CPU of rank 1 (the main thread's CPU") for m in missing)
     assert f.evidence["per_rank"]["1"]["loading"]["kind"] == "unknown"
@@ -256,7 +257,7 @@ def test_peers_collective_wait_is_cited_by_operation() -> None:
     snap = collective_ops(snap, 0, {"all_gather": 160, "ddp_allreduce": 4})
     f = _only(data_starvation.detect(snap))
     assert re.search(
-        r"; rank 0 waits 16\d ms a step for it in all_gather/ddp_allreduce$", f.summary
+        r"; rank 0 waits 16\d ms a step for it in all_gather/ddp_allreduce$", phrase(f).summary
     )
     ops = f.evidence["peers_collective_wait_ms"]["0"]["ops"]
     assert set(ops) == {"all_gather", "ddp_allreduce"}
@@ -267,10 +268,14 @@ def test_io_bound_loading_without_memory_for_a_worker_gets_faster_reads() -> Non
     # 1 GiB available for a 1 GiB process: half of it holds no worker.
     snap = host_available(process_memory(_starved_cpu_job(cpu_share=0.03), 1, rss=GIB), 1, GIB)
     f = _only(data_starvation.detect(snap))
-    assert f.fixes[1].startswith(
-        "no memory on this host for more DataLoader workers: make reads faster (overlap them "
-        "inside the dataset with threads or async I/O"
-    ), f.fixes[1]
+    assert (
+        phrase(f)
+        .fixes[1]
+        .startswith(
+            "no memory on this host for more DataLoader workers: make reads faster (overlap them "
+            "inside the dataset with threads or async I/O"
+        )
+    ), phrase(f).fixes[1]
     assert f.evidence["per_rank"]["1"]["limited_by"] == "memory"
     assert f.predicted_speedup is not None and f.predicted_speedup <= 2.0
 
@@ -278,12 +283,10 @@ def test_io_bound_loading_without_memory_for_a_worker_gets_faster_reads() -> Non
 def test_prior_oversubscription_does_not_block_io_bound_workers() -> None:
     # Whatever flagged the host, I/O-bound workers need no cores: the raise stands.
     snap = _starved_cpu_job(cpu_share=0.03)
-    prior = Finding(
-        kind="cpu_oversubscription", severity="warning", ranks=(1,), summary="host saturated"
-    )
+    prior = Finding(kind="cpu_oversubscription", severity="warning", ranks=(1,))
     f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
-    assert _new_workers(f.fixes[1]) == 3
+    assert _new_workers(phrase(f).fixes[1]) == 3
     # CPU-bound loading on the same flagged host gets no worker even where one core is idle.
     snap = _starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)
     f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
-    assert f.fixes[1].startswith("no free CPU on this host"), f.fixes[1]
+    assert phrase(f).fixes[1].startswith("no free CPU on this host"), phrase(f).fixes[1]

@@ -8,6 +8,7 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import dataparallel_gather
 from auditor.analysis.rules.dataparallel_gather import balanced_chunks, torch_chunks
+from auditor.report.phrasing import phrase
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
 from tests.helpers.snapshots import dp_snapshot
@@ -48,21 +49,23 @@ def test_gpu0_gathering_is_found_with_its_memory_imbalance() -> None:
     per_gpu = gather.evidence["per_gpu"]
     assert [per_gpu[gpu_uuid("node0", i)]["index"] for i in range(4)] == [0, 1, 2, 3]
     assert [per_gpu[gpu_uuid("node0", i)]["chunk"] for i in range(4)] == [8, 8, 8, 8]
-    fix = gather.fixes[0]
+    fix = phrase(gather).fixes[0]
     assert "`torchrun --nproc_per_node=4 train.py`" in fix
     assert "batch_size 32 -> 8 per process" in fix
     assert "5, 9, 9, 9 instead of 8, 8, 8, 8" in fix
 
     (mem,) = _kind(findings, "memory_imbalance")
     assert mem.cause == "dataparallel_gather"
-    assert mem.fixes[0].startswith("give node0 GPU 0 a smaller chunk: 5, 9, 9, 9 for batch 32")
+    assert (
+        phrase(mem).fixes[0].startswith("give node0 GPU 0 a smaller chunk: 5, 9, 9, 9 for batch 32")
+    )
     assert mem.evidence["ratio_to_peers"] == pytest.approx(1.5, abs=0.01)
     # 48 GiB of 79.7 GiB is under the 80% near-full mark.
     assert mem.severity == "info"
 
     (util,) = _kind(findings, "utilization_imbalance")
     assert util.cause == "dataparallel_gather"
-    assert util.fixes == gather.fixes
+    assert phrase(util).fixes == phrase(gather).fixes
     assert util.evidence["gpu_spread"] == pytest.approx(0.35, abs=0.05)
 
 

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from auditor.analysis import analyze
-from auditor.analysis.findings import KINDS, Finding
+from auditor.analysis.findings import KINDS
 from auditor.analysis.rules import RULES
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import (
     JobBuilder,
     NodeSpec,
@@ -97,7 +99,7 @@ def test_findings_blame_only_the_culprits(
         assert f.ranks, f.to_dict()
         assert set(f.ranks) <= culprits, f.to_dict()
         # Every blamed rank gets a concrete fix.
-        assert set(f.ranks) <= set(f.fixes), f.to_dict()
+        assert set(f.ranks) <= set(phrase(f).fixes), f.to_dict()
         assert f.kind in KINDS
         assert f.predicted_speedup is None or f.predicted_speedup >= 1.0
 
@@ -109,11 +111,12 @@ def test_findings_round_trip_through_json(
     findings = analyze(build())
     assert {f.kind for f in findings} == kinds
     for f in findings:
-        d = json.loads(json.dumps(f.to_dict()))
-        back = Finding.from_dict(d)
+        d = json.loads(json.dumps(ReportFinding.of(f).to_dict()))
+        back = ReportFinding.from_dict(d)
         assert back.kind == f.kind
         assert back.ranks == f.ranks
-        assert back.fixes == f.fixes
+        assert back.fixes == phrase(f).fixes
+        assert back.summary == phrase(f).summary
         assert back.cause == f.cause
         assert back.predicted_speedup == pytest.approx(f.predicted_speedup, abs=1e-3)
 
@@ -260,13 +263,15 @@ def test_saturated_host_fix_never_raises_workers() -> None:
     findings = analyze(ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=16, busy_cores=16)}))
     assert {f.kind for f in findings} == {"data_starvation", "cpu_oversubscription"}
     # Both findings name rank 3, and each has a fix for it.
-    assert all(3 in f.ranks and 3 in f.fixes for f in findings), [f.to_dict() for f in findings]
+    assert all(3 in f.ranks and 3 in phrase(f).fixes for f in findings), [
+        f.to_dict() for f in findings
+    ]
     # The only worker count proposed for rank 3 is fewer (cpu_oversubscription's 2 -> 1);
     # starvation asks for cheaper loading, not more workers.
     proposed = [
         (f.kind, int(new))
         for f in findings
-        for new in re.findall(r"num_workers 2 -> (\d+)", f.fixes[3])
+        for new in re.findall(r"num_workers 2 -> (\d+)", phrase(f).fixes[3])
     ]
     assert proposed == [("cpu_oversubscription", 1)]
 

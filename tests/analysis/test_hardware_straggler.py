@@ -9,6 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import hardware_straggler
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced
 
@@ -57,11 +58,17 @@ def test_throttled_gpu_2_blamed_with_reason_fix_and_speedup() -> None:
     assert reasons[0] == "throttled (sw_thermal_slowdown) in 100% of samples"
     assert reasons[1].startswith("SM clock at 71% of its maximum")
     assert f.evidence["per_gpu"][gpu_uuid("node0", 2)]["throttle_share"] == 1.0
-    fix = f.fixes[2]
+    # The decisions, apart from their words: why the GPU is slow, and the batch that fits.
+    gpu = f.facts.ranks[2]
+    assert gpu.slowdowns[0] == hardware_straggler.Throttled(1.0, ("sw_thermal_slowdown",))
+    assert isinstance(gpu.slowdowns[1], hardware_straggler.LowClock)
+    assert gpu.thermal and not gpu.power and gpu.temperature_c == 88.0
+    fix = phrase(f).fixes[2]
     assert fix.startswith("node0 GPU 2 slows down for heat at 88 C: check its cooling")
     assert f"or move rank 2 off node0 GPU 2 ({gpu_uuid('node0', 2)})" in fix
     # Compute per sample 1.4x its peers': 32 / 1.4 = 22.9 -> 22.
     assert "batch_size 32 -> 22" in fix
+    assert (gpu.batch_size, gpu.batch_share) == (32, 22)
     # Barrier model: local 141 ms + 4 ms floor = 145 ms; rank 2 at its peers' 101 ms: 105 ms.
     assert f.predicted_speedup == pytest.approx(145 / 105, rel=0.02)
     assert f.severity == "warning"
@@ -153,7 +160,7 @@ def test_a_node_wide_power_cap_is_the_platform_not_a_straggler() -> None:
 )
 def test_fix_follows_the_reason(gpu: GpuSpec, fix_start: str) -> None:
     (f,) = hardware_straggler.detect(job(gpus_with(2, gpu), slow_rank(2)))
-    assert f.fixes[2].startswith(fix_start), f.fixes[2]
+    assert phrase(f).fixes[2].startswith(fix_start), phrase(f).fixes[2]
 
 
 def test_unmeasured_waits_fall_back_to_the_phases_outside_the_all_reduce() -> None:

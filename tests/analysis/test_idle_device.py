@@ -9,6 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import idle_device
 from auditor.analysis.snapshot import SampleStore, Snapshot
+from auditor.report.phrasing import phrase
 from auditor.samples import Batch, GpuProcess
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
@@ -35,7 +36,7 @@ def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
     assert [f.kind for f in findings] == ["idle_device"]
     (f,) = findings
     assert f.ranks == ()
-    assert f.fixes == {}
+    assert phrase(f).fixes == {}
     assert f.severity == "warning"
     assert f.predicted_speedup is None
     assert f.evidence["gpus"] == [
@@ -48,9 +49,11 @@ def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
     ]
     assert f.evidence["pids"] == [31337]
     assert f.evidence["held_bytes"] == 12 * GIB
-    assert f.summary == "PID 31337 holds 12.0 GiB on idle node0 GPU 2 (no rank of this job)"
-    assert f.evidence["fix"].startswith("free it: PID 31337 holds 12.0 GiB on idle node0 GPU 2")
-    assert "`kill 31337`" in f.evidence["fix"]
+    assert phrase(f).summary == "PID 31337 holds 12.0 GiB on idle node0 GPU 2 (no rank of this job)"
+    assert (
+        phrase(f).notes["fix"].startswith("free it: PID 31337 holds 12.0 GiB on idle node0 GPU 2")
+    )
+    assert "`kill 31337`" in phrase(f).notes["fix"]
 
 
 @pytest.mark.parametrize(
@@ -90,7 +93,10 @@ def test_the_owning_rank_is_blamed() -> None:
     (f,) = idle_device.detect(job.snapshot())
     assert f.ranks == (1,)
     assert f.evidence["gpus"][0]["index"] == 1
-    assert f.fixes[1].startswith("free it: the process holds 2.0 GiB on node0 GPU 1")
+    assert phrase(f).fixes[1].startswith("free it: the process holds 2.0 GiB on node0 GPU 1")
+    assert phrase(f).fixes[1] == phrase(f).notes["fix"]
+    assert phrase(f).summary == "rank 1 holds 2.0 GiB on idle node0 GPU 1"
+    assert (f.facts.label, f.facts.held_bytes) == ("node0 GPU 1", 2 * GIB)
 
 
 def test_a_rank_with_a_stray_context_on_an_unowned_idle_gpu_is_blamed() -> None:

@@ -120,7 +120,7 @@ def test_stats_read_data_cpu_ops_and_worker_memory() -> None:
     assert s0.collective_ops is not None
     assert s0.collective_ops["all_gather"] == pytest.approx(3 * s0.collective_ops["ddp_allreduce"])
     assert sum(s0.collective_ops.values()) == pytest.approx(s0.collective_wait_s, rel=0.02)
-    assert s0.collective_ops_text() == "all_gather/ddp_allreduce"
-    assert s1.collective_ops is None and s1.collective_ops_text() == ""
+    assert s0.collective_ops_order() == ("all_gather", "ddp_allreduce")
+    assert s1.collective_ops is None and s1.collective_ops_order() == ()
     assert s1.main_rss_bytes == 2 * GIB
     assert s1.worker_rss_bytes is None and s1.worker_rss_each is None

@@ -8,6 +8,7 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.measures import fit_memory
 from auditor.analysis.rules import memory_headroom
+from auditor.report.phrasing import phrase
 from tests.helpers.gpus import H100_TOTAL
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB
@@ -38,8 +39,12 @@ def test_underused_memory_says_the_largest_batch_that_fits() -> None:
     assert row["current_batch"] == 64
     # floor((0.9 * 79.65 - 6 - 1) / 0.35) = floor(184.8) = 184.
     assert row["largest_batch"] == int((0.9 * TOTAL_GIB - 7.0) / 0.35)
-    assert f.fixes[0].startswith(f"batch_size 64 -> up to {row['largest_batch']} fits node0 GPU 0")
-    assert "scale the learning rate" in f.fixes[0]
+    assert (
+        phrase(f)
+        .fixes[0]
+        .startswith(f"batch_size 64 -> up to {row['largest_batch']} fits node0 GPU 0")
+    )
+    assert "scale the learning rate" in phrase(f).fixes[0]
     assert f.predicted_speedup is None
 
 
@@ -59,7 +64,7 @@ def test_tight_memory_suggests_checkpointing_and_mixed_precision_with_numbers() 
     assert row["largest_batch"] == int((budget - 21.0) / 0.85)
     assert row["largest_batch_checkpointing"] == int((budget - 21.0) / (0.85 / 4))
     assert row["largest_batch_mixed_precision"] == int((budget - 21.0) / (0.85 / 2))
-    fix = f.fixes[1]
+    fix = phrase(f).fixes[1]
     assert "gradient checkpointing" in fix
     assert f"fits up to batch {row['largest_batch_checkpointing']}" in fix
     assert "torch.autocast" in fix
@@ -70,8 +75,8 @@ def test_a_dominant_model_part_points_at_optimizer_state_not_the_batch() -> None
     snap = batch_ramp([48, 56, 64], fixed_gib=45.0, per_sample_gib=0.45)
     f = _only(memory_headroom.detect(snap))
     assert f.severity == "warning"
-    assert "the model part alone is 46.0 GiB" in f.fixes[0]
-    assert "FSDP" in f.fixes[0]
+    assert "the model part alone is 46.0 GiB" in phrase(f).fixes[0]
+    assert "FSDP" in phrase(f).fixes[0]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +113,7 @@ def test_nvml_only_fit_recovers_the_model() -> None:
 
 def test_memory_pressure_ranks_are_left_to_it() -> None:
     snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
-    prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,), summary="x"),)
+    prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,)),)
     f = _only(memory_headroom.detect(snap, pressured=prior[0].ranks))
     assert f.ranks == (1,)
 

@@ -8,6 +8,7 @@ from auditor.analysis import analyze
 from auditor.analysis.causes import drop_repeats
 from auditor.analysis.rules import dataparallel_gather, memory_imbalance
 from auditor.analysis.snapshot import SampleStore, Snapshot
+from auditor.report.phrasing import phrase
 from auditor.samples import Batch, GpuProcess, RankInfo, StepSample
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced
@@ -58,7 +59,7 @@ def test_decision_table(mem: list[float], kwargs: dict, expected: list) -> None:
                 "node0", f.evidence["gpus"][0]["index"]
             )
             assert f.predicted_speedup is None
-            assert set(f.fixes) == set(f.ranks)
+            assert set(phrase(f).fixes) == set(f.ranks)
 
 
 def test_owner_blamed_with_evidence_and_fix() -> None:
@@ -67,7 +68,7 @@ def test_owner_blamed_with_evidence_and_fix() -> None:
     assert f.evidence["ratio_to_peers"] == pytest.approx(60 / 36, abs=0.01)
     assert f.evidence["excess_bytes"] == pytest.approx(24 * GIB, rel=0.01)
     assert f.evidence["per_gpu"][gpu_uuid("node0", 2)]["ranks"] == [2]
-    assert f.fixes[2].startswith("rank 2 holds 24.0 GiB more than its peers on node0 GPU 2")
+    assert phrase(f).fixes[2].startswith("rank 2 holds 24.0 GiB more than its peers on node0 GPU 2")
 
 
 @pytest.mark.parametrize("link", ["uuid", "pid"])
@@ -79,9 +80,13 @@ def test_stray_allocations_blame_the_ranks_that_make_them(link: str) -> None:
     assert f.evidence["gpus"][0]["index"] == 0
     assert set(f.evidence["stray_processes"]) == {"1", "2", "3"}
     for r in (1, 2, 3):
-        assert f.fixes[r].startswith(f"rank {r} holds 6.0 GiB on node0 GPU 0, which is rank 0's")
-        assert "torch.cuda.set_device(local_rank)" in f.fixes[r]
-        assert "map_location" in f.fixes[r]
+        assert (
+            phrase(f)
+            .fixes[r]
+            .startswith(f"rank {r} holds 6.0 GiB on node0 GPU 0, which is rank 0's")
+        )
+        assert "torch.cuda.set_device(local_rank)" in phrase(f).fixes[r]
+        assert "map_location" in phrase(f).fixes[r]
 
 
 def test_small_stray_contexts_leave_the_owner_blamed() -> None:
@@ -95,7 +100,7 @@ def test_dataparallel_gpu_other_than_the_primary() -> None:
     (f,) = memory_imbalance.detect(dp_snapshot([32, 32, 48, 32]))
     assert f.ranks == (0,)
     assert f.evidence["gpus"][0]["index"] == 2
-    assert "cuda:2" in f.fixes[0]
+    assert "cuda:2" in phrase(f).fixes[0]
 
 
 def test_gpus_named_by_the_gather_are_not_repeated() -> None:

@@ -9,6 +9,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import memory_pressure
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.gpus import H100_TOTAL, GpuSpec, attach_gpus
 from tests.helpers.jobs import JobBuilder, balanced
 from tests.helpers.snapshots import batch_ramp
@@ -37,7 +38,7 @@ def test_rising_memory_on_a_nearly_full_gpu() -> None:
     assert f.evidence["minutes_to_full"] == pytest.approx(
         (H100_TOTAL - peak) / (200 * MIB) / 60, rel=0.02
     )
-    fix = f.fixes[1]
+    fix = phrase(f).fixes[1]
     assert fix.startswith("node0 GPU 1 peaks at 92% of 79.6 GiB and rises 12000 MiB/min")
     # Constant batch while memory rose: the leak comes first.
     assert "the batch stayed at 32 while memory rose" in fix
@@ -77,9 +78,9 @@ def test_decision_table(gpu1: GpuSpec, kwargs: dict, expected: list) -> None:
 def test_unowned_gpu_is_named_without_ranks() -> None:
     (f,) = memory_pressure.detect(two_ranks(LEAKING, owners=[[0], []]))
     assert f.ranks == ()
-    assert f.fixes == {}
+    assert phrase(f).fixes == {}
     assert f.evidence["gpus"][0]["index"] == 1
-    assert f.evidence["fix"].startswith("node0 GPU 1 peaks at 92%")
+    assert phrase(f).notes["fix"].startswith("node0 GPU 1 peaks at 92%")
 
 
 def test_batch_from_the_fitted_model_when_the_batch_varied() -> None:
@@ -93,6 +94,6 @@ def test_batch_from_the_fitted_model_when_the_batch_varied() -> None:
     assert row["basis"] == "fitted memory = a + b * batch"
     # floor((0.85 * 79.65 - 6 - 1) / 1.05) = 57.
     assert row["suggested_batch"] == int((0.85 * H100_TOTAL / GIB - 7.0) / 1.05)
-    assert "the batch stayed" not in f.fixes[0]
+    assert "the batch stayed" not in phrase(f).fixes[0]
     # memory_headroom leaves the pressured ranks alone.
     assert not [f for f in findings if f.kind == "memory_headroom"]

@@ -19,6 +19,8 @@ import pytest
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
 from auditor.telemetry.recorded import read_recording
 from tests.helpers.units import GIB, MIB
 
@@ -87,9 +89,11 @@ def test_exact_findings(
         for g in f.evidence.get("gpus", ()):
             assert g["uuid"] == uuids[g["index"]], f.to_dict()
             assert g["node"] == "gpu-node-07"
-        assert set(f.fixes) == set(f.ranks), f.to_dict()
-        back = Finding.from_dict(json.loads(json.dumps(f.to_dict())))
-        assert (back.kind, back.ranks, back.evidence) == (f.kind, f.ranks, f.evidence)
+        assert set(phrase(f).fixes) == set(f.ranks), f.to_dict()
+        reported = ReportFinding.of(f)
+        back = ReportFinding.from_dict(json.loads(json.dumps(reported.to_dict())))
+        assert back == reported
+        assert reported.evidence == {**f.evidence, **phrase(f).notes}
 
 
 @pytest.mark.parametrize(("name", "expected"), EXPECTED)
@@ -117,8 +121,8 @@ def test_throttled_gpu_details() -> None:
     reasons = f.evidence["per_rank"]["2"]["reasons"]
     assert reasons[0].startswith("throttled (sw_thermal_slowdown)")
     assert reasons[1].startswith("SM clock at 68% of its maximum")
-    assert f.fixes[2].startswith("gpu-node-07 GPU 2 slows down for heat")
-    assert uuids[2] in f.fixes[2]
+    assert phrase(f).fixes[2].startswith("gpu-node-07 GPU 2 slows down for heat")
+    assert uuids[2] in phrase(f).fixes[2]
     assert f.predicted_speedup == pytest.approx(1.41, abs=0.05)
     assert _one(findings, "utilization_imbalance").cause == "hardware_straggler"
 
@@ -131,7 +135,7 @@ def test_dataparallel_gather_details() -> None:
     chunks = f.evidence["balanced_chunk_sizes"]
     assert sum(chunks) == 256
     assert chunks[0] < 64 < min(chunks[1:])
-    assert "`torchrun --nproc_per_node=4 train.py`" in f.fixes[0]
+    assert "`torchrun --nproc_per_node=4 train.py`" in phrase(f).fixes[0]
     assert _one(findings, "memory_imbalance").cause == "dataparallel_gather"
     assert _one(findings, "utilization_imbalance").cause == "dataparallel_gather"
 
@@ -140,14 +144,14 @@ def test_dp_batch_details() -> None:
     f = _one(analyze(load("dp_batch_30_over_4")[0]), "batch_split")
     assert f.evidence["chunk_sizes"] == [8, 8, 8, 6]
     assert f.evidence["nearest_batches"] == [32, 28]
-    assert f.fixes[0].startswith("batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU)")
+    assert phrase(f).fixes[0].startswith("batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU)")
 
 
 def test_idle_gpu_details() -> None:
     f = _one(analyze(load("idle_allocated_gpu")[0]), "idle_device")
     assert f.evidence["pids"] == [39127]
     assert f.evidence["held_bytes"] == 18 * GIB + 512 * MIB
-    assert "`kill 39127`" in f.evidence["fix"]
+    assert "`kill 39127`" in phrase(f).notes["fix"]
 
 
 def test_memory_fit_details() -> None:

@@ -16,6 +16,7 @@ from auditor.analysis.rules import (
     utilization_imbalance,
 )
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import RankSpec, balanced, ddp_snapshot
 from tests.helpers.snapshots import collective_ops
 
@@ -75,7 +76,7 @@ def test_attributed_to_the_cause_found_earlier(specs: list, slow_rank: int, caus
             assert b == pytest.approx(0.50, abs=0.02)
     # Fixes and speed-up are the cause's, for the blamed rank only.
     source = _only(findings, cause)
-    assert f.fixes == {slow_rank: source.fixes[slow_rank]}
+    assert phrase(f).fixes == {slow_rank: phrase(source).fixes[slow_rank]}
     assert f.predicted_speedup == source.predicted_speedup
     # The symptom stays below critical; the cause carries the weight.
     assert f.severity != "critical"
@@ -88,8 +89,8 @@ def test_without_a_cause_it_blames_the_slow_rank_and_asks_to_profile() -> None:
     f = utilization_imbalance.detect(ddp_snapshot(busy_90_50(SLOW, 2)))[0]
     assert f.cause is None
     assert f.ranks == (2,)
-    assert set(f.fixes) == {2}
-    assert f.fixes[2].startswith("profile rank 2")
+    assert set(phrase(f).fixes) == {2}
+    assert phrase(f).fixes[2].startswith("profile rank 2")
     # Barrier model by hand: before 96 ms local + 4 ms floor = 100 ms; rank 2 at its peers'
     # 56 ms local: 60 ms. 100 / 60 = 1.667.
     assert f.predicted_speedup == pytest.approx(100 / 60, rel=0.02)
@@ -100,7 +101,7 @@ def test_cause_is_taken_from_prior_findings_passed_in() -> None:
     f = utilization_imbalance.detect(snap, causes=_prior(snap))[0]
     assert f.cause == "batch_split"
     # A prior finding about other ranks is not a cause.
-    other = Finding(kind="compute_straggler", severity="warning", ranks=(3,), summary="x")
+    other = Finding(kind="compute_straggler", severity="warning", ranks=(3,))
     f = utilization_imbalance.detect(snap, causes=(other,))[0]
     assert f.cause is None
     assert f.ranks == (1,)
@@ -147,8 +148,8 @@ def test_names_the_collectives_the_others_wait_in() -> None:
     snap = collective_ops(snap, 2, {"ddp_allreduce": 1})
     f = _only(analyze(snap), "utilization_imbalance")
     assert f.ranks == (2,)
-    assert f.summary.endswith("the others wait for rank 2 in ddp_allreduce/all_reduce")
+    assert phrase(f).summary.endswith("the others wait for rank 2 in ddp_allreduce/all_reduce")
     assert set(f.evidence["collective_ops_ms"]) == {"0", "1", "2", "3"}
     # Unnamed (an older probe): the summary says only who is waited for.
     plain = _only(analyze(ddp_snapshot(busy_90_50(SLOW, 2))), "utilization_imbalance")
-    assert plain.summary.endswith("the others wait for rank 2")
+    assert phrase(plain).summary.endswith("the others wait for rank 2")

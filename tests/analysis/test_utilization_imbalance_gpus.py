@@ -7,6 +7,7 @@ import pytest
 from auditor.analysis import analyze
 from auditor.analysis.rules import data_starvation, utilization_imbalance
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced, starved_rank3, with_rank
 
@@ -35,7 +36,9 @@ def test_starved_rank_seen_on_gpu_busy_time_blamed_by_waits() -> None:
     assert f.evidence["gpu_spread"] == pytest.approx(0.62, abs=0.03)
     assert f.evidence["gpu_busy_ratio"][gpu_uuid("node0", 3)] == pytest.approx(0.38, abs=0.02)
     assert [g["index"] for g in f.evidence["gpus"]] == [3]
-    assert f.summary.startswith("GPU busy time spread 100% (node0 GPU 0) against 38% (node0 GPU 3)")
+    assert phrase(f).summary.startswith(
+        "GPU busy time spread 100% (node0 GPU 0) against 38% (node0 GPU 3)"
+    )
     for finding in findings:
         assert finding.ranks == (3,), finding.to_dict()
 

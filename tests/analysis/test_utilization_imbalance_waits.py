@@ -13,6 +13,7 @@ from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules import utilization_imbalance
 from auditor.analysis.snapshot import Snapshot
+from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 from tests.helpers.snapshots import collective_ops
 
@@ -75,13 +76,14 @@ def test_trainer_like_job_blames_the_starved_rank_never_the_fast_one(
     if imbalance is None:
         assert "utilization_imbalance" not in kinds
         assert re.search(
-            r"; rank 0 waits 10\d ms a step for it in all_gather/ddp_allreduce$", starved.summary
-        ), starved.summary
+            r"; rank 0 waits 10\d ms a step for it in all_gather/ddp_allreduce$",
+            phrase(starved).summary,
+        ), phrase(starved).summary
     else:
         f = _of(findings, "utilization_imbalance")
         assert f.ranks == imbalance
         assert f.cause == "data_starvation"
-        assert f.summary.endswith("because of data_starvation: the others wait for rank 1")
+        assert phrase(f).summary.endswith("because of data_starvation: the others wait for rank 1")
     for f in findings:
         assert 0 not in f.ranks, f.to_dict()
 

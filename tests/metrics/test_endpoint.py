@@ -22,8 +22,6 @@ def starved() -> Finding:
         kind="data_starvation",
         severity="warning",
         ranks=(1,),
-        summary="rank 1 waits for data",
-        fixes={1: "num_workers 0 -> 4"},
         predicted_speedup=1.3,
     )
 

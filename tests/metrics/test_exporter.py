@@ -190,11 +190,9 @@ def make_state() -> ExportState:
                 "compute_straggler",
                 "critical",
                 (1,),
-                "rank 1 is slow",
-                fixes={1: "move rank 1 to a faster device"},
                 predicted_speedup=1.5,
             ),
-            Finding("utilization_imbalance", "info", (), "ranks differ"),
+            Finding("utilization_imbalance", "info", ()),
         ],
     )
 
@@ -426,8 +424,8 @@ def test_node_label_defaults_to_exporter_node() -> None:
 
 def test_duplicate_findings_merge() -> None:
     findings = [
-        Finding("data_starvation", "warning", (0, 1), "a", predicted_speedup=1.2),
-        Finding("data_starvation", "warning", (1,), "b", predicted_speedup=1.4),
+        Finding("data_starvation", "warning", (0, 1), predicted_speedup=1.2),
+        Finding("data_starvation", "warning", (1,), predicted_speedup=1.4),
     ]
     state = ExportState(job=JOB, node=NODE, infos={0: RANK0, 1: RANK1}, findings=findings)
     series = parse(render_text(state))

@@ -19,6 +19,7 @@ from auditor.report.json_report import (
     load_report,
     write_report,
 )
+from auditor.report.model import ReportFinding
 from auditor.samples import OFF_THREAD_COLLECTIVES, Batch, RankInfo, StepSample
 from tests.helpers.reports import HOST, T0, make_store, snapshot_of, starved_report
 
@@ -42,7 +43,7 @@ def test_report_has_exact_schema_keys() -> None:
             "sampler",
             "dataset",
         }
-    assert report["findings"] == [f.to_dict() for f in findings]
+    assert report["findings"] == [ReportFinding.of(f).to_dict() for f in findings]
     generated = datetime.strptime(report["generated_at"], "%Y-%m-%dT%H:%M:%SZ")
     assert (
         abs(generated.replace(tzinfo=timezone.utc) - datetime.now(timezone.utc)).total_seconds()
@@ -222,7 +223,6 @@ def test_non_finite_numbers_become_null() -> None:
         kind="memory_headroom",
         severity="info",
         ranks=(0,),
-        summary="odd",
         evidence={"ratio": float("nan"), "pair": (1, float("inf"))},
     )
     report = build_report(command=["x"], exit_code=0, duration_s=1.0, snapshot=snap, findings=[odd])

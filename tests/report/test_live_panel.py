@@ -11,6 +11,7 @@ from rich.console import Console
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.rules.compute_straggler import Facts, SlowRank
 from auditor.analysis.snapshot import Snapshot
 from auditor.liveview import StatusView, panel_text
 from auditor.report.live import LiveState, panel_lines, status_line
@@ -228,12 +229,16 @@ def test_ranks_without_two_steps_show_placeholders() -> None:
 
 def test_long_findings_are_clipped_and_info_is_left_to_the_verdict() -> None:
     snap, findings, _ = starved_report()
-    info = Finding(kind="memory_headroom", severity="info", ranks=(0,), summary="fine")
-    long = Finding(kind="compute_straggler", severity="warning", ranks=(0, 1), summary="y " * 200)
+    info = Finding(kind="memory_headroom", severity="info", ranks=(0,))
+    slow = SlowRank("y " * 100, 0.07, 0.03)  # a phase name long enough to be clipped
+    long = Finding(
+        kind="compute_straggler", severity="warning", ranks=(0, 1), facts=Facts({0: slow, 1: slow})
+    )
     lines = _panel(snap, [*findings, info, long], width=60)
     assert all(len(line) < 60 for line in lines)
     assert not any("memory_headroom" in line for line in lines)
-    clipped = [line for line in lines if line.startswith("! compute_straggler ranks 0, 1: y y")]
+    head = "! compute_straggler ranks 0, 1: ranks 0, 1 compute slowe"
+    clipped = [line for line in lines if line.startswith(head)]
     assert len(clipped) == 1 and clipped[0].endswith("...")
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from auditor import wording
-from auditor.analysis import advisor, budget, devices, measures
 from auditor.analysis.findings import SEVERITY_ORDER, severity_key
 from auditor.report import live
 from auditor.report.columns import FIGURE_COLUMNS, titles
@@ -238,11 +237,6 @@ def test_dead_ranks_and_nodes_round_trip() -> None:
 
 
 def test_one_wording_module() -> None:
-    # The analysis keeps only the names: the wording is auditor.wording's.
-    assert advisor.fmt_ms is wording.fmt_ms and advisor.fmt_pct is wording.fmt_pct
-    assert budget.fmt_bytes is wording.fmt_bytes
-    assert devices.fmt_gib is wording.fmt_gib
-    assert measures.ranks_text is wording.ranks_text
     assert wording.fmt_ms(0.1364) == "136 ms" and wording.fmt_ms(None) == "n/a"
     assert wording.fmt_ms_value(0.1364) == "136" and wording.fmt_ms_value(0.0123) == "12.3"
     assert wording.fmt_ms_value(None) == "-"

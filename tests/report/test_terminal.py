@@ -6,8 +6,9 @@ import re
 from typing import Any
 
 from auditor.analysis import SampleStore, analyze
-from auditor.analysis.findings import Finding
 from auditor.report.json_report import build_report
+from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
 from auditor.report.terminal import render_verdict, wrap
 from auditor.samples import MemoryBudget
 from tests.helpers.reports import (
@@ -37,7 +38,7 @@ def _row(text: str, rank: int) -> str:
 
 def test_verdict_names_rank_and_fix_within_80_columns() -> None:
     _, findings, report = starved_report()
-    fix = findings[0].fixes[1]
+    fix = phrase(findings[0]).fixes[1]
     text = render_verdict(report)
     lines = text.splitlines()
     assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
@@ -133,7 +134,7 @@ def test_verdict_does_not_claim_balance_on_too_few_steps() -> None:
 
 def test_verdict_prefers_cause_and_lists_several_ranks() -> None:
     _, _, report = starved_report()
-    symptom = Finding(
+    symptom = ReportFinding(
         kind="utilization_imbalance",
         severity="critical",
         ranks=(1, 2),

@@ -19,6 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.analysis.findings import Finding
+from auditor.analysis.loading import CPU
+from auditor.analysis.rules import data_starvation
+from auditor.analysis.rules.hardware_straggler import Facts, LowClock, SlowGpu
 from auditor.service.http import ENDPOINTS, ServiceServer
 from auditor.service.service import Health, JobResult, Published
 from tests.helpers.tools import require_tool
@@ -33,24 +36,57 @@ STARVED = Finding(
     kind="data_starvation",
     severity="critical",
     ranks=(1,),
-    summary="rank 1 waits for data: 150 ms of a 250 ms step (60%)",
+    facts=data_starvation.Facts(
+        ranks={
+            1: data_starvation.StarvedRank(
+                num_workers=1,
+                workers=8,
+                limited_by=None,
+                loading=CPU,
+                loading_cores=0.9,
+                set_pin_memory=False,
+                set_persistent_workers=False,
+            )
+        },
+        worst=data_starvation.Wait(rank=1, data_wait_s=0.150, step_s=0.250, data_wait_ratio=0.6),
+        peers=None,
+        cheaper_factor=2.0,
+    ),
     evidence={"job_pace_ms": 98.0},
-    fixes={1: "num_workers 1 -> 8"},
     predicted_speedup=4.2,
 )
+
+
+def hot_gpu(node: str, index: int) -> SlowGpu:
+    """A GPU that slows down for heat, at a lower SM clock than its peers'."""
+    return SlowGpu(
+        label=f"{node} GPU {index}",
+        uuid=f"GPU-{node}-{index}",
+        index=index,
+        node=node,
+        slowdowns=(LowClock(ratio=0.7, mhz=1400.0, peer_ratio=0.95),),
+        thermal=True,
+        temperature_c=88.0,
+        power=False,
+        power_limit=None,
+        hw_slowdown=False,
+        pcie_degraded=False,
+        pcie="gen 5/5 x16/16",
+        compute_s=0.14,
+    )
+
+
 STRAGGLER = Finding(
     kind="hardware_straggler",
     severity="warning",
     ranks=(0, 2),
-    summary="ranks 0, 2 run at a lower SM clock",
-    fixes={2: "check the cooling of GPU 2", 0: "check the cooling of GPU 0"},
+    facts=Facts({2: hot_gpu("node-c", 2), 0: hot_gpu("node-a", 0)}),
     predicted_speedup=1.2,
 )
 HEADROOM = Finding(
     kind="memory_headroom",
     severity="info",
     ranks=(),
-    summary="every GPU has room for a larger batch",
 )
 
 
@@ -259,10 +295,10 @@ def test_findings_most_severe_first_with_fixes_and_nodes(service: Service) -> No
     ]
     starved, straggler, headroom = findings
     assert starved["ranks"] == [1]
-    assert starved["fixes"] == {"1": "num_workers 1 -> 8"}
+    assert starved["fixes"] == {"1": "num_workers 1 -> 8; expect about 4.2x"}
     assert starved["nodes"] == {"1": "node-b"}
     assert starved["predicted_speedup"] == 4.2
-    assert starved["summary"] == STARVED.summary
+    assert starved["summary"] == "rank 1 waits for data: 150 ms of a 250 ms step (60%)"
     assert starved["evidence"] == {"job_pace_ms": 98.0}
     assert list(straggler["fixes"]) == ["0", "2"]
     assert straggler["nodes"] == {"0": "node-a", "2": "node-c"}

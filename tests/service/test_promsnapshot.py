@@ -18,6 +18,7 @@ from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import rank_stats
 from auditor.metrics import catalog as C
 from auditor.metrics.query import Series
+from auditor.report.phrasing import phrase
 from auditor.service.promsnapshot import build_snapshots, queries, running_jobs
 from tests.helpers import servejob
 from tests.helpers.tools import require_tool
@@ -238,7 +239,7 @@ def test_the_same_rules_judge_it() -> None:
     findings = analyze(build_snapshots(two_ranks(), NOW, WINDOW)[JOB])
     starved = [f for f in findings if f.kind == "data_starvation"]
     assert [f.ranks for f in starved] == [(1,)]
-    assert "num_workers 2 ->" in starved[0].fixes[1]
+    assert "num_workers 2 ->" in phrase(starved[0]).fixes[1]
     assert all(0 not in f.ranks for f in findings if f.severity != "info")
 
 

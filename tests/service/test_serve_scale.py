@@ -22,6 +22,8 @@ import pytest
 from auditor.analysis.findings import Finding
 from auditor.audit import Audit
 from auditor.metrics.query import PrometheusClient
+from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
 from auditor.service.promsnapshot import queries
 from auditor.service.service import AuditService, JobResult
 from tests.helpers import servejob
@@ -73,7 +75,7 @@ def live_findings(ranks: int) -> list[Finding]:
 
 
 def verdict(findings: Any) -> list[tuple[str, str, tuple[int, ...], dict[int, str]]]:
-    return [(f.kind, f.severity, tuple(f.ranks), dict(f.fixes)) for f in findings]
+    return [(f.kind, f.severity, tuple(f.ranks), dict(phrase(f).fixes)) for f in findings]
 
 
 def _digest(evidence: dict[str, Any]) -> str:
@@ -92,13 +94,15 @@ def test_serve_finds_the_starved_rank_as_the_live_path_does(served: JobResult) -
     assert all(f.ranks == (RANKS // 2,) for f in served.findings)
     # Same figures too: the evidence of both paths is the same document.
     assert [f.to_dict() for f in served.findings] == [f.to_dict() for f in live]
+    words = [ReportFinding.of(f).to_dict() for f in served.findings]
+    assert words == [ReportFinding.of(f).to_dict() for f in live]
 
 
 def test_serve_findings_match_those_recorded_before_the_rebuild(served: JobResult) -> None:
     recorded = json.loads(RECORDED.read_text())["findings"]
     got = []
     for f in served.findings:
-        d = f.to_dict()
+        d = ReportFinding.of(f).to_dict()
         evidence = d.pop("evidence")
         got.append({**d, "evidence_keys": sorted(evidence), "evidence_sha256": _digest(evidence)})
     assert got == recorded

@@ -27,6 +27,7 @@ import pytest
 
 from auditor.cli.options import parse_overrides
 from auditor.metrics.query import PrometheusClient
+from auditor.report.phrasing import phrase
 from auditor.service.promsnapshot import build_snapshots
 from auditor.service.service import (
     AuditService,
@@ -147,7 +148,7 @@ def test_evaluation_publishes_the_starved_rank() -> None:
     assert finding.ranks == (1,)
     # 1 worker loads a batch per 0.25 s step; the pace without stalls is 0.098 s (rank 0's
     # own work): ceil(1.25 * 0.25 / 0.098) = 4 workers, and the cores allow them.
-    assert finding.fixes == {1: "num_workers 1 -> 4; expect about 2.4x"}
+    assert phrase(finding).fixes == {1: "num_workers 1 -> 4; expect about 2.4x"}
     assert finding.predicted_speedup == pytest.approx(2.381, abs=1e-3)
     assert finding.severity == "critical"
     assert result.predicted_speedup == max(

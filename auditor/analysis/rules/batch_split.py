@@ -34,13 +34,57 @@ the largest chunk, the rest of the step (data, scatter, gather) stays; a batch o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from auditor.wording import ranks_text
 
 from ..advisor import predicted_speedup
 from ..findings import Finding, severity_for
-from ..measures import dp_gpu_order, ranks_text, torch_chunks, with_expectation
+from ..measures import dp_gpu_order, torch_chunks
 from ..snapshot import Snapshot
 from ..stats import RankStats
+
+
+@dataclass(frozen=True)
+class Facts:
+    """An uneven split across ranks: each rank's median batch, the equal split that keeps the
+    global batch, the ranks whose samples count more (small batch) and less (large batch) in the
+    averaged gradient and by how much, what averages it (``DDP``, ``FSDP``, empty: nothing), and
+    whether the ranks' speeds differ enough that an uneven split may be kept with loss weights."""
+
+    batches: Mapping[int, float]
+    equal: Mapping[int, int]
+    global_batch: int
+    small: tuple[int, ...]
+    large: tuple[int, ...]
+    sample_weight: float
+    averaged_by: str
+    speeds_differ: bool
+
+
+@dataclass(frozen=True)
+class ShortGpu:
+    """A GPU of a DataParallel rank that gets a smaller chunk than the largest (0: nothing)."""
+
+    index: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class DataParallelFacts:
+    """A DataParallel rank's batch, ``torch.chunk``'s split of it over its GPUs (in
+    ``device_ids`` order) and the GPUs it leaves short, the nearest batches that divide by the
+    GPU count (best first), and the even per-GPU chunks that keep the batch."""
+
+    rank: int
+    batch: int
+    gpu_count: int
+    chunks: tuple[int, ...]
+    short: tuple[ShortGpu, ...]
+    nearest: tuple[int, ...]
+    even: tuple[int, ...]
 
 
 def detect(
@@ -83,29 +127,16 @@ def detect(
     # The split by speed differs from the equal one: the ranks differ in speed, and keeping an
     # uneven split can be deliberate; it then needs loss weighting to stay correct.
     speeds_differ = any(abs(by_speed[r] - equal[r]) > max(1, 0.1 * equal[r]) for r in sized)
-    fixes: dict[int, str] = {}
-    for r in sorted(sized):
-        if round(batches[r]) == equal[r]:
-            continue
-        note = "" if r in blamed else f" (keeps the global batch of {total})"
-        fix = f"batch_size {round(batches[r])} -> {equal[r]}{note}"
-        if r in blamed and averaged:
-            fix += f" (the equal split: {averaged} weighs every rank's gradient equally)"
-        if r in blamed and averaged and speeds_differ:
-            fix += (
-                f", or keep {round(batches[r])} for its speed and scale each rank's loss by its "
-                f"batch x {len(sized)} / {total} so every sample counts once"
-            )
-        fixes[r] = with_expectation(fix, speedup)
-    parts: list[str] = []
-    if speedup >= 1.02 or not averaged:
-        parts.append(f"{ranks_text(blamed)} hold{'s' if len(blamed) == 1 else ''} the others back")
-    if averaged:
-        parts.append(
-            f"each sample of {ranks_text(small)} counts {weight:.1f}x one of "
-            f"{ranks_text(large)} in the averaged gradient"
-        )
-    summary = f"uneven per-rank batches ({_listing(batches)}): " + ", and ".join(parts)
+    facts = Facts(
+        batches={r: batches[r] for r in sorted(batches)},
+        equal={r: equal[r] for r in sorted(equal)},
+        global_batch=total,
+        small=tuple(small),
+        large=tuple(large),
+        sample_weight=weight,
+        averaged_by=averaged,
+        speeds_differ=speeds_differ,
+    )
     evidence: dict[str, object] = {
         "batch_size": {str(r): round(b) for r, b in sorted(batches.items())},
         "compute_ms": {str(r): round(s.compute_s * 1e3, 1) for r, s in sorted(sized.items())},
@@ -133,9 +164,8 @@ def detect(
             kind="batch_split",
             severity=severity,
             ranks=tuple(blamed),
-            summary=summary,
+            facts=facts,
             evidence=evidence,
-            fixes=fixes,
             predicted_speedup=speedup,
         )
     ]
@@ -163,10 +193,6 @@ def _epoch_text(
     if "DistributedSampler" in samplers:
         return f"DistributedSampler gives every rank the same samples per epoch: {steps}"
     return f"if every rank draws the same samples per epoch (as with DistributedSampler), {steps}"
-
-
-def _listing(batches: dict[int, float]) -> str:
-    return ", ".join(f"rank {r}: {round(b)}" for r, b in sorted(batches.items()))
 
 
 def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]:
@@ -230,24 +256,21 @@ def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Findi
         speedup = max(gains.values()) if gains else None
         even = [batch // n + (1 if i < batch % n else 0) for i in range(n)]
         short = [i for i, c in enumerate(chunks) if c < top]
-        short_text = ", ".join(
-            f"GPU {refs[i]['index']} gets {chunks[i] or 'nothing'}" for i in short
-        )
-        choices = " or ".join(f"{b} ({b // n} per GPU)" for b in ranked)
-        fix = (
-            f"batch_size {batch} -> {choices}: torch.chunk splits {batch} over {n} GPUs as "
-            f"{_join(chunks)} ({short_text}); or keep {batch} with per-GPU chunk sizes "
-            f"{_join(even)} (a scatter with explicit chunk sizes)"
+        facts = DataParallelFacts(
+            rank=info.rank,
+            batch=batch,
+            gpu_count=n,
+            chunks=tuple(chunks),
+            short=tuple(ShortGpu(refs[i]["index"], chunks[i]) for i in short),
+            nearest=tuple(ranked),
+            even=tuple(even),
         )
         findings.append(
             Finding(
                 kind="batch_split",
                 severity=severity_for(speedup),
                 ranks=(info.rank,),
-                summary=(
-                    f"DataParallel rank {info.rank} splits batch {batch} over {n} GPUs as "
-                    f"{_join(chunks)}: {short_text} and idles while the others finish"
-                ),
+                facts=facts,
                 evidence={
                     "gpus": [refs[i] for i in short],
                     "per_gpu": {
@@ -264,7 +287,6 @@ def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Findi
                         "the step unchanged"
                     ),
                 },
-                fixes={info.rank: with_expectation(fix, speedup)},
                 predicted_speedup=speedup,
             )
         )
@@ -279,7 +301,3 @@ def _dp_gain(s: RankStats, batch: int, new_batch: int, n: int) -> float:
         return 1.0
     step = max(1e-9, s.step_s - s.compute_s + s.compute_s * after / before)
     return max(1.0, (new_batch / step) / (batch / s.step_s))
-
-
-def _join(values: list[int]) -> str:
-    return ", ".join(str(v) for v in values)

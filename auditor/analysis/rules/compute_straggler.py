@@ -20,15 +20,37 @@ a rank whose host is oversubscribed by its own DataLoader workers is left to
 from __future__ import annotations
 
 import statistics
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
-from ..advisor import fmt_ms, predicted_speedup
+from ..advisor import predicted_speedup
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, peer_median, ranks_text, with_expectation
+from ..measures import PeerMedians, peer_median
 from ..snapshot import Snapshot
-from ..stats import RankStats, collective_ops_ms, collective_ops_text
+from ..stats import RankStats, collective_ops_ms, collective_ops_order
 
 _PHASES = ("h2d", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """A blamed rank: its slowest phase against the peers' median of it, and the batch that
+    would fit its pace if its device is simply slower (None where a smaller batch buys nothing)."""
+
+    phase: str
+    phase_s: float
+    peer_phase_s: float
+    batch_size: int | None = None
+    batch_share: int | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The blamed ranks, and the collectives the others wait in for them (largest first;
+    empty where the probe named none)."""
+
+    ranks: Mapping[int, SlowRank]
+    waiting_in: tuple[str, ...] = ()
 
 
 def detect(
@@ -88,23 +110,17 @@ def detect(
     }
     new_local = {r: v for r, v in peers_local.items() if v is not None}
     speedup = predicted_speedup(stats, new_local)
-    fixes: dict[int, str] = {}
+    slow: dict[int, SlowRank] = {}
     per_rank: dict[str, object] = {}
     for r in sorted(blamed):
         s = stats[r]
         phase, mine, theirs = _worst_phase(s, [stats[q] for q in stats if q not in blamed])
-        fix = (
-            f"{phase} takes {fmt_ms(mine)} vs {fmt_ms(theirs)} on peers: remove the rank-specific "
-            f"work in {phase}"
-        )
+        batch = share = None
         if s.batch_size:
-            share = max(1, round(s.batch_size * (peer_median(per_sample, r) or 0) / per_sample[r]))
-            if share < s.batch_size:
-                fix += (
-                    f", or if its device is simply slower, "
-                    f"batch_size {round(s.batch_size)} -> {share}"
-                )
-        fixes[r] = with_expectation(fix, speedup)
+            fits = max(1, round(s.batch_size * (peer_median(per_sample, r) or 0) / per_sample[r]))
+            if fits < s.batch_size:
+                batch, share = round(s.batch_size), fits
+        slow[r] = SlowRank(phase, mine, theirs, batch, share)
         per_rank[str(r)] = {
             "phase": phase,
             "phase_ms": round(mine * 1e3, 1),
@@ -123,24 +139,14 @@ def detect(
     if ops:
         evidence["collective_ops_ms"] = ops
     # The collectives the others wait in, by name where the probe reported them.
-    waiting_in = collective_ops_text(s for r, s in stats.items() if r not in blamed)
-    first = min(blamed)
-    info = per_rank[str(first)]
-    assert isinstance(info, dict)
-    summary = (
-        f"{ranks_text(blamed)} compute{'s' if len(blamed) == 1 else ''} slower than peers "
-        f"({info['phase']} {info['phase_ms']:.0f} ms vs {info['peer_phase_ms']:.0f} ms); "
-        f"the others wait for {'it' if len(blamed) == 1 else 'them'} "
-        + (f"in {waiting_in}" if waiting_in else "at the all-reduce")
-    )
+    waiting_in = collective_ops_order(s for r, s in stats.items() if r not in blamed)
     return [
         Finding(
             kind="compute_straggler",
             severity=severity_for(speedup),
             ranks=tuple(sorted(blamed)),
-            summary=summary,
+            facts=Facts(slow, waiting_in),
             evidence=evidence,
-            fixes=fixes,
             predicted_speedup=speedup,
         )
     ]

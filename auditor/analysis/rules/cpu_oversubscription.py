@@ -27,11 +27,35 @@ when the workers outnumber the free cores ``severe_ratio`` times or more, else `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..findings import Finding
 from ..loading import IO, fair_share, loading_cost
-from ..measures import ranks_text
 from ..snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class Oversubscribed:
+    """A blamed rank: its DataLoader workers, the count its data needs and the free cores
+    allow, and the CPU its workers use together (cores)."""
+
+    workers: int
+    recommended: int
+    worker_cpu: float
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The saturated host: its cores, busy cores, the cores free for workers, the workers its
+    counted ranks run in all, and the blamed ranks."""
+
+    host: str
+    cores: float
+    busy_cores: float
+    free_cores: float
+    workers: int
+    ranks: Mapping[int, Oversubscribed]
 
 
 def detect(
@@ -99,25 +123,15 @@ def detect(
             continue
         ratio = total_workers / max(free, 0.5)
         severity = "warning" if ratio >= severe_ratio else "info"
-        fixes: dict[int, str] = {}
+        over: dict[int, Oversubscribed] = {}
         freed: dict[str, int | None] = {}
         for r in blamed:
-            s = stats[r]
-            fixes[r] = (
-                f"num_workers {workers[r]} -> {target[r]} (its workers use "
-                f"{s.worker_cpu or 0.0:.2f} cores together; {free:.1f} of {cores:g} cores are free "
-                f"on {host or 'the host'})"
-            )
+            over[r] = Oversubscribed(workers[r], target[r], stats[r].worker_cpu or 0.0)
             rss = _worker_rss(snapshot, r)
             # RSS counts pages shared with the rank, so this is an upper bound.
             freed[str(r)] = (
                 None if rss is None else int(rss * (workers[r] - target[r]) / max(1, workers[r]))
             )
-        summary = (
-            f"{host or 'host'} is {busy_cores / cores:.0%} busy and runs {total_workers} "
-            f"DataLoader workers for {free:.1f} free cores: {ranks_text(blamed)} "
-            f"start{'s' if len(blamed) == 1 else ''} more than the data needs"
-        )
         evidence = {
             "host": host,
             "cores": cores,
@@ -137,9 +151,8 @@ def detect(
                 kind="cpu_oversubscription",
                 severity=severity,
                 ranks=tuple(blamed),
-                summary=summary,
+                facts=Facts(host, cores, busy_cores, free, total_workers, over),
                 evidence=evidence,
-                fixes=fixes,
                 predicted_speedup=None,
             )
         )

@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from ..advisor import fmt_ms, fmt_pct, predicted_speedup
+from auditor.wording import ranks_text
+
+from ..advisor import predicted_speedup
 from ..findings import Finding, severity_for
 from ..loading import (
     IO,
@@ -55,17 +57,64 @@ from ..loading import (
     host_available_bytes,
     loading_cost,
 )
-from ..measures import ranks_text, with_expectation
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
-_CHEAPER_CPU = (
-    "make loading cheaper (cache decoded samples, lighter transforms, decode on the device)"
-)
-_CHEAPER_IO = (
-    "make reads faster (overlap them inside the dataset with threads or async I/O, read larger "
-    "chunks, cache the data on local disk)"
-)
+# What capped a worker plan: the free cores, the cores where the host was never sampled (one
+# assumed), the host's available memory, or ``max_workers``.
+CORES = "cores"
+CORES_ASSUMED = "cores_assumed"
+MEMORY = "memory"
+MAX_WORKERS = "max_workers"
+# The evidence's name of each limit (the JSON record's ``limited_by``).
+_LIMIT_EVIDENCE = {CORES_ASSUMED: "cores (host not sampled: 1 assumed)"}
+
+
+@dataclass(frozen=True)
+class StarvedRank:
+    """A starved rank's remedy: its current and recommended workers (None: none fit), what
+    capped the count below what would keep up, its loading's kind and CPU, and the loader
+    settings to turn on."""
+
+    num_workers: int | None  # None where the rank's loader settings are unknown
+    workers: int | None
+    limited_by: str | None  # CORES, CORES_ASSUMED, MEMORY, MAX_WORKERS; None where not capped
+    loading: str  # IO, CPU or UNKNOWN (auditor.analysis.loading)
+    loading_cores: float | None  # cores the loading used while it loaded; None if unmeasured
+    set_pin_memory: bool
+    set_persistent_workers: bool
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The worst-starved rank's median data wait against its step."""
+
+    rank: int
+    data_wait_s: float
+    step_s: float
+    data_wait_ratio: float
+
+
+@dataclass(frozen=True)
+class PeersWait:
+    """The unstarved ranks' median collective wait per step for the starved, and the
+    operations they wait in (largest first; empty where none was reported)."""
+
+    ranks: tuple[int, ...]
+    wait_s: float
+    ops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The starved ranks' remedies, the worst wait, the peers' wait for them (None where not
+    measured or too small to be waiting), and how much cheaper the "make loading cheaper" fix
+    is assumed to make loading."""
+
+    ranks: Mapping[int, StarvedRank]
+    worst: Wait
+    peers: PeersWait | None
+    cheaper_factor: float
 
 
 def detect(
@@ -166,7 +215,7 @@ def detect(
             "num_workers": s.loader.num_workers if s.loader else None,
             "recommended_workers": plan.workers,
             "workers_needed": plan.wanted,
-            "limited_by": plan.limit if plan.capped else None,
+            "limited_by": _limit_evidence(plan),
             "worker_cpu_each": None if s.worker_cpu_each is None else round(s.worker_cpu_each, 2),
             "free_cores": None if free is None else round(free, 2),
             "loading": cost.evidence(),
@@ -194,15 +243,13 @@ def detect(
     if not_measured:
         evidence["not_measured"] = not_measured
 
-    fixes = {r: _fix_text(starved[r], plans[r], costs[r], speedup, cheaper_factor) for r in plans}
     worst = max(starved.values(), key=lambda s: s.data_wait_ratio)
-    where = "" if len(starved) == 1 else f" on rank {worst.rank}"
-    summary = (
-        f"{ranks_text(starved)} wait{'s' if len(starved) == 1 else ''} for data: "
-        f"{fmt_ms(worst.data_wait_s)} of a {fmt_ms(worst.step_s)} step "
-        f"({fmt_pct(worst.data_wait_ratio)}){where}"
+    facts = Facts(
+        ranks={r: _starved_rank(starved[r], plans[r], costs[r]) for r in plans},
+        worst=Wait(worst.rank, worst.data_wait_s, worst.step_s, worst.data_wait_ratio),
+        peers=_peers_wait(stats, starved, max(min_wait_s, 0.25 * worst.data_wait_s)),
+        cheaper_factor=cheaper_factor,
     )
-    summary += _peers_text(stats, starved, max(min_wait_s, 0.25 * worst.data_wait_s))
     severity = severity_for(speedup)
     if severity == "info" and worst.data_wait_ratio >= warn_wait_ratio:
         severity = "warning"  # a clear wait is worth a look whatever could not be predicted
@@ -211,9 +258,8 @@ def detect(
             kind="data_starvation",
             severity=severity,
             ranks=tuple(sorted(starved)),
-            summary=summary,
+            facts=facts,
             evidence=evidence,
-            fixes=fixes,
             predicted_speedup=speedup,
         )
     ]
@@ -250,6 +296,13 @@ class _Plan:
     @property
     def capped(self) -> bool:
         return self.workers is None or self.workers < self.wanted
+
+
+def _limit_evidence(plan: _Plan) -> str | None:
+    """The evidence's name of what capped the plan; None where nothing did."""
+    if not plan.capped or plan.limit is None:
+        return None
+    return _LIMIT_EVIDENCE.get(plan.limit, plan.limit)
 
 
 def _work_s(s: RankStats) -> float:
@@ -308,14 +361,14 @@ def _worker_plan(
     current = cost.workers
     target = max(_work_s(s), job_pace)
     wanted = max(current + 1, math.ceil(margin * cost.load_s / target - 1e-9))
-    caps: list[tuple[int, str]] = [(max_workers, "max_workers")]
+    caps: list[tuple[int, str]] = [(max_workers, MAX_WORKERS)]
     if cost.kind != IO:  # I/O-bound workers wait on storage: they need memory, not cores
         room = 1.0 if free_cores is None else free_cores
         each = cost.cores if cost.cores else 1.0
-        limit = "cores" if free_cores is not None else "cores (host not sampled: 1 assumed)"
+        limit = CORES if free_cores is not None else CORES_ASSUMED
         caps.append((int(room / max(each, 1e-3) + 1e-9), limit))
     if memory is not None:
-        caps.append((current + memory.room, "memory"))
+        caps.append((current + memory.room, MEMORY))
     cap, limit = min(caps, key=lambda c: c[0])
     workers = min(wanted, cap)
     if workers <= current:
@@ -352,62 +405,38 @@ def _peer_waits(stats: dict[int, RankStats], starved: dict[int, RankStats]) -> d
     return out
 
 
-def _peers_text(stats: dict[int, RankStats], starved: dict[int, RankStats], min_s: float) -> str:
-    """``; rank 0 waits 104 ms a step for it in all_gather/ddp_allreduce`` where measured and
-    at least ``min_s`` (less is the collectives' own cost, not waiting for the starved)."""
+def _peers_wait(
+    stats: dict[int, RankStats], starved: dict[int, RankStats], min_s: float
+) -> PeersWait | None:
+    """The unstarved ranks' median collective wait for the starved, where measured and at least
+    ``min_s`` (less is the collectives' own cost, not waiting for the starved)."""
     peers = {r: s for r, s in stats.items() if r not in starved and s.collective_wait_s}
     if not peers:
-        return ""
+        return None
     wait = statistics.median(s.collective_wait_s or 0.0 for s in peers.values())
     if wait < min_s:
-        return ""
+        return None
     totals: dict[str, float] = {}
     for s in peers.values():
         for op, w in (s.collective_ops or {}).items():
             totals[op] = totals.get(op, 0.0) + w
-    ops = "/".join(op for op, w in sorted(totals.items(), key=lambda kv: -kv[1]) if w > 0)
-    who = ranks_text(peers) if len(peers) <= 3 else "its peers"
-    verb = "waits" if len(peers) == 1 else "wait"
-    it = "it" if len(starved) == 1 else "them"
-    where = f" in {ops}" if ops else " at the collectives"
-    return f"; {who} {verb} {fmt_ms(wait)} a step for {it}{where}"
+    ops = tuple(op for op, w in sorted(totals.items(), key=lambda kv: -kv[1]) if w > 0)
+    return PeersWait(tuple(sorted(peers)), wait, ops)
 
 
-def _fix_text(
-    s: RankStats, plan: _Plan, cost: LoadingCost, speedup: float | None, factor: float
-) -> str:
-    parts: list[str] = []
+def _starved_rank(s: RankStats, plan: _Plan, cost: LoadingCost) -> StarvedRank:
+    """What the fix of a starved rank changes: its workers and its loader settings."""
     cfg = s.loader
-    if plan.workers is None:
-        if cost.kind == IO:
-            head = "no memory on this host for more DataLoader workers: " + _CHEAPER_IO
-        else:
-            head = "no free CPU on this host for more DataLoader workers"
-            if cost.kind != UNKNOWN:
-                head += f" and loading is CPU-bound ({cost.cores or 0.0:.2f} cores while it loads)"
-            head += ": " + _CHEAPER_CPU
-        parts.append(head)
-    else:
-        change = f"num_workers {cfg.num_workers if cfg is not None else '?'} -> {plan.workers}"
-        if plan.capped and plan.limit == "cores":
-            change += " (as many as the free cores allow)"
-        elif plan.capped and plan.limit == "memory":
-            change += " (as many as the host's available memory allows)"
-        elif plan.capped and plan.limit == "max_workers":
-            change += f" (capped at {plan.workers}; for more, {_CHEAPER_IO.split(' (')[0]})"
-        elif cost.kind == IO:
-            change += " (loading waits on I/O: the workers need memory, not free cores)"
-        parts.append(change)
+    pin = persistent = False
     if cfg is not None:
-        if not cfg.pin_memory and s.device.startswith("cuda"):
-            parts.append("pin_memory=True")
-        workers_after = plan.workers or cfg.num_workers
-        if workers_after > 0 and not cfg.persistent_workers:
-            parts.append("persistent_workers=True")
-    text = ", ".join(parts)
-    if plan.workers is None:
-        if speedup is None or speedup < 1.02:
-            return text
-        cost_word = "half the loading time" if factor == 2 else f"1/{factor:g} of the loading time"
-        return f"{text}; at {cost_word} expect about {speedup:.1f}x"
-    return with_expectation(text, speedup)
+        pin = not cfg.pin_memory and s.device.startswith("cuda")
+        persistent = (plan.workers or cfg.num_workers) > 0 and not cfg.persistent_workers
+    return StarvedRank(
+        num_workers=None if cfg is None else cfg.num_workers,
+        workers=plan.workers,
+        limited_by=plan.limit if plan.capped else None,
+        loading=cost.kind,
+        loading_cores=cost.cores,
+        set_pin_memory=pin,
+        set_persistent_workers=persistent,
+    )

@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..devices import DeviceStats, fmt_gib
+from ..devices import DeviceStats
 from ..findings import Finding
 from ..measures import dp_gpu_order, imbalance_finding, measured_gpus, torch_chunks
 from ..snapshot import Snapshot
@@ -50,6 +51,37 @@ SPEEDUP_NOTE = (
     "not predicted: one process drives every GPU, so per-GPU step times are not measured; DDP "
     "also removes the per-step model replication and the GIL contention between replicas"
 )
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The DataParallel rank and its primary GPU (its label): the primary's memory and busy
+    share against the median of the other GPUs' (ratio None where not measured); the GPU count
+    and the torchrun command that runs the job under DDP; the batch, its ``torch.chunk`` split
+    and the balanced split that gives the primary a smaller chunk (None where unknown or no
+    shift helps)."""
+
+    rank: int
+    gpu: str
+    mem_ratio: float | None
+    mem_bytes: float | None
+    others_mem_bytes: float | None
+    busy_ratio: float | None
+    busy: float | None
+    others_busy: float | None
+    gpu_count: int
+    command: str
+    batch: int | None
+    chunks: tuple[int, ...] | None
+    balanced: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class PrimaryMemory:
+    """The ``memory_imbalance`` finding this rule emits on the primary GPU: the gather's facts,
+    read as memory (its ``mem_ratio`` is measured)."""
+
+    gather: Facts
 
 
 def detect(
@@ -105,13 +137,27 @@ def detect(
         balanced = balanced_chunks(batch, n, mem_ratio) if batch and mem_ratio is not None else None
         name = script or PLACEHOLDER_SCRIPT
         command = f"torchrun --nproc_per_node={n} {name}"
-        fix = _fix(command, batch, n, current, balanced, primary)
+        facts = Facts(
+            rank=info.rank,
+            gpu=primary.label,
+            mem_ratio=mem_ratio,
+            mem_bytes=primary.mem_used_bytes,
+            others_mem_bytes=others_mem,
+            busy_ratio=busy_ratio,
+            busy=primary.gpu_util,
+            others_busy=_others_median(busy, primary.uuid),
+            gpu_count=n,
+            command=command,
+            batch=batch,
+            chunks=None if current is None else tuple(current),
+            balanced=None if balanced is None else tuple(balanced),
+        )
         findings.append(
             Finding(
                 kind="dataparallel_gather",
                 severity="warning",
                 ranks=(info.rank,),
-                summary=_summary(primary, mem, busy, mem_ratio, busy_ratio),
+                facts=facts,
                 evidence={
                     "gpus": [primary.ref],
                     "per_gpu": _per_gpu(order, dstats, current, owners),
@@ -130,30 +176,18 @@ def detect(
                     ),
                     "speedup_model": SPEEDUP_NOTE,
                 },
-                fixes={info.rank: fix},
                 predicted_speedup=None,
             )
         )
         if mem_ratio is None:
             continue
-        chunk_fix = (
-            f"give {primary.label} a smaller chunk: {_chunks_text(balanced)} for batch {batch} "
-            f"over {n} GPUs, or move to DDP: `{command}`"
-            if balanced
-            else f"move to DDP so no GPU gathers the others' outputs: `{command}`"
-        )
         findings.append(
             imbalance_finding(
                 primary,
                 {u: dstats[u] for u in measured},
                 mem,
                 ranks=(info.rank,),
-                fixes={info.rank: chunk_fix},
-                summary=(
-                    f"{primary.label} holds {mem_ratio:.2f}x the memory of the other GPUs of "
-                    f"DataParallel rank {info.rank} ({fmt_gib(primary.mem_used_bytes)} vs "
-                    f"{fmt_gib(others_mem)}): it gathers their outputs"
-                ),
+                facts=PrimaryMemory(facts),
                 near_full=near_full,
                 owners=owners,
                 cause="dataparallel_gather",
@@ -192,56 +226,6 @@ def _ratio_to_others(values: Mapping[str, float | None], key: str) -> float | No
 def _others_median(values: Mapping[str, float | None], key: str) -> float | None:
     others = [float(v) for k, v in values.items() if k != key and v is not None]
     return float(statistics.median(others)) if others else None
-
-
-def _chunks_text(chunks: Sequence[int] | None) -> str:
-    return "n/a" if not chunks else ", ".join(str(c) for c in chunks)
-
-
-def _fix(
-    command: str,
-    batch: int | None,
-    n: int,
-    current: list[int] | None,
-    balanced: list[int] | None,
-    primary: DeviceStats,
-) -> str:
-    ddp = (
-        f"move to DistributedDataParallel, one process per GPU: `{command}` with the model "
-        "wrapped in DistributedDataParallel(model.to(local_rank), device_ids=[local_rank]) and "
-        "a DistributedSampler"
-    )
-    if batch:
-        per = max(1, round(batch / n))
-        ddp += f", batch_size {batch} -> {per} per process (global batch {per * n})"
-    if balanced:
-        ddp += (
-            f"; or keep DataParallel with a scatter that gives {primary.label} a smaller chunk: "
-            f"{_chunks_text(balanced)} instead of {_chunks_text(current)}"
-        )
-    return ddp
-
-
-def _summary(
-    primary: DeviceStats,
-    mem: Mapping[str, float | None],
-    busy: Mapping[str, float | None],
-    mem_ratio: float | None,
-    busy_ratio: float | None,
-) -> str:
-    parts = []
-    if mem_ratio is not None:
-        parts.append(
-            f"{mem_ratio:.2f}x the memory ({fmt_gib(primary.mem_used_bytes)} vs "
-            f"{fmt_gib(_others_median(mem, primary.uuid))})"
-        )
-    if busy_ratio is not None:
-        others = _others_median(busy, primary.uuid) or 0.0
-        parts.append(f"busy {(primary.gpu_util or 0.0):.0%} vs {others:.0%}")
-    return (
-        f"nn.DataParallel gathers every output on {primary.label}: "
-        f"{', '.join(parts)} of the other GPUs"
-    )
 
 
 def _per_gpu(

@@ -38,17 +38,85 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..advisor import fmt_ms, predicted_speedup
+from ..advisor import predicted_speedup
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, measured_gpus, peer_median, ranks_text, with_expectation
+from ..measures import PeerMedians, measured_gpus, peer_median
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
 _THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class Throttled:
+    """The GPU throttled (NVML reasons other than ``gpu_idle``) in ``share`` of its samples."""
+
+    share: float
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LowClock:
+    """The GPU's SM clock at ``ratio`` of its maximum (``mhz``), against ``peer_ratio`` on its
+    peers."""
+
+    ratio: float
+    mhz: float | None
+    peer_ratio: float
+
+
+@dataclass(frozen=True)
+class NarrowLink:
+    """The GPU's PCIe link below its maximum where its peers' is better (``pcie``: current/max)."""
+
+    pcie: str
+
+
+# What makes a GPU slower than its peers'.
+Slowdown = Throttled | LowClock | NarrowLink
+
+
+@dataclass(frozen=True)
+class PowerLimit:
+    """A power limit under 95% of the peers' median limit."""
+
+    watts: float
+    peer_watts: float
+
+
+@dataclass(frozen=True)
+class SlowGpu:
+    """A blamed rank's GPU: what makes it slower than its peers', what it reports of the cause
+    (heat, power, HW slowdown, its link), and the batch that fits the rank's pace (None where a
+    smaller batch buys nothing or the batch is unknown)."""
+
+    label: str
+    uuid: str
+    index: int
+    node: str
+    slowdowns: tuple[Slowdown, ...]
+    thermal: bool
+    temperature_c: float | None
+    power: bool
+    power_limit: PowerLimit | None
+    hw_slowdown: bool
+    pcie_degraded: bool
+    pcie: str
+    compute_s: float
+    batch_size: int | None = None
+    batch_share: int | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The blamed ranks and their GPUs."""
+
+    ranks: Mapping[int, SlowGpu]
 
 
 def detect(
@@ -90,13 +158,13 @@ def detect(
     per_sample = {r: _per_sample(s, outside_barrier=len(waits) < 2) for r, s in stats.items()}
     step = statistics.median(s.step_s for s in stats.values())
 
-    blamed: dict[int, list[str]] = {}
+    blamed: dict[int, tuple[Slowdown, ...]] = {}
     # Peer figures for every rank at once: a per-rank list of peers is quadratic in ranks.
     share_of_peers = PeerMedians({q: g.throttle_share for q, g in gpu.items()})
     clock_of_peers = PeerMedians({q: g.sm_clock_ratio for q, g in gpu.items()})
     best_links = sorted(((_link(g), q) for q, g in gpu.items()), reverse=True)[:2]
     for r, d in gpu.items():
-        reasons = _hardware_reasons(
+        slowdowns = _slowdowns(
             d,
             peer_share=share_of_peers.get(r),
             peer_clock=clock_of_peers.get(r),
@@ -104,11 +172,11 @@ def detect(
             min_share=min_throttle_share,
             max_clock_ratio=max_clock_ratio,
         )
-        if not reasons:
+        if not slowdowns:
             continue
         if not _waited_for(r, per_sample, waits, step, min_excess, min_gap_ratio):
             continue
-        blamed[r] = reasons
+        blamed[r] = slowdowns
     if not blamed:
         return []
 
@@ -122,25 +190,21 @@ def detect(
         [g.power_limit_w for q, g in gpu.items() if q not in blamed and g.power_limit_w] or [0.0]
     )
 
-    fixes: dict[int, str] = {}
+    slow: dict[int, SlowGpu] = {}
     per_rank: dict[str, Any] = {}
     for r in sorted(blamed):
         d = gpu[r]
         s = stats[r]
         peer_cps = peer_median({q: v for q, v in per_sample.items() if q not in blamed}, r)
-        fix = _fix(d, blamed[r], peer_limit)
-        alt = f"or move rank {r} off {d.label} ({d.uuid})"
+        batch = share = None
         if s.batch_size and peer_cps:
-            share = max(1, int(s.batch_size * peer_cps / per_sample[r]))
-            if share < s.batch_size:
-                alt += (
-                    ", or give it a smaller batch share: "
-                    f"batch_size {round(s.batch_size)} -> {share}"
-                )
-        fixes[r] = with_expectation(f"{fix}; {alt}", speedup)
+            fits = max(1, int(s.batch_size * peer_cps / per_sample[r]))
+            if fits < s.batch_size:
+                batch, share = round(s.batch_size), fits
+        slow[r] = _slow_gpu(d, blamed[r], peer_limit, s.compute_s, batch, share)
         per_rank[str(r)] = {
             "gpu": d.ref,
-            "reasons": blamed[r],
+            "reasons": [slowdown_note(x) for x in blamed[r]],
             "compute_per_sample_ratio": None
             if not peer_cps
             else round(per_sample[r] / peer_cps, 2),
@@ -161,21 +225,13 @@ def detect(
         if measured
         else "not predicted: the collective wait was not measured, so local times are unknown",
     }
-    first = min(blamed)
-    summary = (
-        f"{ranks_text(blamed)} {'runs' if len(blamed) == 1 else 'run'} on a slow GPU "
-        f"({gpu[first].label}: {', '.join(blamed[first])}); the others wait for "
-        f"{'it' if len(blamed) == 1 else 'them'} at the all-reduce "
-        f"(compute {fmt_ms(stats[first].compute_s)})"
-    )
     return [
         Finding(
             kind="hardware_straggler",
             severity=severity_for(speedup),
             ranks=tuple(sorted(blamed)),
-            summary=summary,
+            facts=Facts(slow),
             evidence=evidence,
-            fixes=fixes,
             predicted_speedup=speedup,
         )
     ]
@@ -187,7 +243,7 @@ def _per_sample(s: RankStats, *, outside_barrier: bool) -> float:
     return work / s.batch_size if s.batch_size else work
 
 
-def _hardware_reasons(
+def _slowdowns(
     d: DeviceStats,
     *,
     peer_share: float | None,
@@ -195,31 +251,39 @@ def _hardware_reasons(
     peer_link: tuple[int, int],
     min_share: float,
     max_clock_ratio: float,
-) -> list[str]:
+) -> tuple[Slowdown, ...]:
     """What makes GPU ``d`` slower than its peers (their median throttle share and clock ratio,
-    their best PCIe link), in words; empty when nothing does."""
-    out: list[str] = []
+    their best PCIe link); empty when nothing does."""
+    out: list[Slowdown] = []
     if (
         d.throttle_share is not None
         and d.throttle_share >= min_share
         and (peer_share is None or peer_share < min_share)
     ):
-        out.append(
-            f"throttled ({', '.join(d.throttle_reasons)}) in {d.throttle_share:.0%} of samples"
-        )
+        out.append(Throttled(d.throttle_share, tuple(d.throttle_reasons)))
     if (
         d.sm_clock_ratio is not None
         and peer_clock
         and d.sm_clock_ratio <= max_clock_ratio * peer_clock
     ):
-        mhz = "" if d.sm_clock_mhz is None else f" ({d.sm_clock_mhz:.0f} MHz)"
-        out.append(
-            f"SM clock at {d.sm_clock_ratio:.0%} of its maximum{mhz} against "
-            f"{peer_clock:.0%} on its peers"
-        )
+        out.append(LowClock(d.sm_clock_ratio, d.sm_clock_mhz, peer_clock))
     if d.pcie_degraded and _link(d) < peer_link:
-        out.append(f"PCIe link at {d.pcie_text} (current/max)")
-    return out
+        out.append(NarrowLink(d.pcie_text))
+    return tuple(out)
+
+
+def slowdown_note(slowdown: Slowdown) -> str:
+    """A slowdown as the evidence records it (``per_rank.<rank>.reasons``), and as the summary
+    quotes it."""
+    if isinstance(slowdown, Throttled):
+        return f"throttled ({', '.join(slowdown.reasons)}) in {slowdown.share:.0%} of samples"
+    if isinstance(slowdown, LowClock):
+        mhz = "" if slowdown.mhz is None else f" ({slowdown.mhz:.0f} MHz)"
+        return (
+            f"SM clock at {slowdown.ratio:.0%} of its maximum{mhz} against "
+            f"{slowdown.peer_ratio:.0%} on its peers"
+        )
+    return f"PCIe link at {slowdown.pcie} (current/max)"
 
 
 def _link(d: DeviceStats) -> tuple[int, int]:
@@ -249,42 +313,36 @@ def _waited_for(
     return waits[r] <= lo + 0.25 * (hi - lo) and peer_wait - waits[r] >= min_gap_ratio * step
 
 
-def _fix(d: DeviceStats, reasons: list[str], peer_limit: float) -> str:
-    thermal = any(r in d.throttle_reasons for r in _THERMAL)
-    power = any(r in d.throttle_reasons for r in _POWER)
-    parts: list[str] = []
-    if thermal:
-        temp = "" if d.temperature_c is None else f" at {d.temperature_c:.0f} C"
-        parts.append(
-            f"{d.label} slows down for heat{temp}: check its cooling (fans, airflow, blanking "
-            "panels) and reseat it"
-        )
-    if power:
-        if d.power_limit_w and peer_limit and d.power_limit_w < 0.95 * peer_limit:
-            parts.append(
-                f"{d.label}'s power limit is {d.power_limit_w:.0f} W against {peer_limit:.0f} W "
-                f"on its peers: `nvidia-smi -i {d.index} -pl {peer_limit:.0f}` on {d.node}"
-            )
-        else:
-            parts.append(f"{d.label} hits its power cap: check its power supply and cabling")
-    if "hw_slowdown" in d.throttle_reasons and not (thermal or power):
-        parts.append(
-            f"{d.label} reports HW slowdown (power brake or overheating): check its power "
-            "cabling and cooling, and reseat it"
-        )
-    if not parts and any(r.startswith("SM clock") for r in reasons):
-        parts.append(
-            f"{d.label} runs low clocks without a throttle reason: reset locked clocks with "
-            f"`nvidia-smi -i {d.index} -rgc` on {d.node} and check application clocks"
-        )
-    if d.pcie_degraded:
-        parts.append(
-            f"{d.label}'s PCIe link is {d.pcie_text}: reseat the card, check the riser and the "
-            "slot's link setting in the BIOS"
-        )
-    if not parts:
-        parts.append(f"{d.label} is slower than its peers ({'; '.join(reasons)})")
-    return "; ".join(parts)
+def _slow_gpu(
+    d: DeviceStats,
+    slowdowns: tuple[Slowdown, ...],
+    peer_limit: float,
+    compute_s: float,
+    batch_size: int | None,
+    batch_share: int | None,
+) -> SlowGpu:
+    """GPU ``d`` as its fix needs it: its slowdowns, and which cause it reports (a power limit
+    only where it is below its peers' median ``peer_limit``)."""
+    limit = None
+    if d.power_limit_w and peer_limit and d.power_limit_w < 0.95 * peer_limit:
+        limit = PowerLimit(d.power_limit_w, peer_limit)
+    return SlowGpu(
+        label=d.label,
+        uuid=d.uuid,
+        index=d.index,
+        node=d.node,
+        slowdowns=slowdowns,
+        thermal=any(r in d.throttle_reasons for r in _THERMAL),
+        temperature_c=d.temperature_c,
+        power=any(r in d.throttle_reasons for r in _POWER),
+        power_limit=limit,
+        hw_slowdown="hw_slowdown" in d.throttle_reasons,
+        pcie_degraded=bool(d.pcie_degraded),
+        pcie=d.pcie_text,
+        compute_s=compute_s,
+        batch_size=batch_size,
+        batch_share=batch_share,
+    )
 
 
 def _gpu_numbers(d: DeviceStats) -> dict[str, Any]:

@@ -13,7 +13,7 @@ any rank (an operator's node-only view) the GPUs are judged alone.
 
 Blamed: the ranks that own the GPU (:func:`auditor.analysis.devices.gpu_owners`), else ranks of
 the job with a stray process on it; otherwise no rank (``ranks=()``): the GPU and the PIDs are
-named in the evidence and the summary, with the fix under ``evidence["fix"]``.
+named in the evidence and the summary; the report gives the fix under ``evidence["fix"]``.
 
 Speed-up: not predicted. Nothing in the job waits for an idle GPU; freeing it gives its memory,
 and the GPU itself, to work that uses it. One finding per idle GPU, ``warning``.
@@ -21,11 +21,26 @@ and the GPU itself, to work that uses it. One finding per idle GPU, ``warning``.
 
 from __future__ import annotations
 
-from ..devices import GIB, DeviceStats, fmt_gib
+from dataclasses import dataclass
+
+from ..devices import GIB, DeviceStats
 from ..findings import Finding
 from ..snapshot import Snapshot
 
 SPEEDUP_NOTE = "not predicted: nothing in the job waits for an idle GPU"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """An idle GPU that holds memory: the processes NVML lists on it (none where it lists
+    none), the memory they hold, and its median utilisation over the window."""
+
+    label: str
+    node: str
+    pids: tuple[int, ...]
+    held_bytes: float | None
+    busy: float
+    window_s: float
 
 
 def detect(
@@ -65,36 +80,12 @@ def detect(
 
 
 def _finding(d: DeviceStats, ranks: tuple[int, ...], held: float | None) -> Finding:
-    pids = ", ".join(str(p) for p in d.pids) or "unlisted processes"
-    busy = f"busy {(d.gpu_util or 0.0):.0%} over {d.span_s:.0f} s"
-    if ranks:
-        who = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-        fix = (
-            f"free it: the process holds {fmt_gib(held)} on {d.label} ({busy}) and never "
-            f"computes there; if the rank should use this GPU check CUDA_VISIBLE_DEVICES and "
-            "call torch.cuda.set_device(local_rank) first, otherwise stop allocating on it"
-        )
-        summary = f"{who} hold{'s' if len(ranks) == 1 else ''} {fmt_gib(held)} on idle {d.label}"
-        fixes = {r: fix for r in ranks}
-    else:
-        one = len(d.pids) <= 1
-        if not d.pids:  # NVML listed none (containers), or the figures came from Prometheus
-            procs = "processes outside this job hold"
-        else:
-            procs = f"PID {pids} holds" if one else f"PIDs {pids} hold"
-        kill = " ".join(str(p) for p in d.pids) or "<pid>"
-        fix = (
-            f"free it: {procs} {fmt_gib(held)} on idle {d.label} ({busy}), outside this job; "
-            f"stop {'it' if one else 'them'} on {d.node or 'the node'} (`kill {kill}`) or give "
-            "the GPU to a job that uses it"
-        )
-        summary = f"{procs} {fmt_gib(held)} on idle {d.label} (no rank of this job)"
-        fixes = {}
+    facts = Facts(d.label, d.node, d.pids, held, d.gpu_util or 0.0, d.span_s)
     return Finding(
         kind="idle_device",
         severity="warning",
         ranks=ranks,
-        summary=summary,
+        facts=facts,
         evidence={
             "gpus": [d.ref],
             "gpu_util": None if d.gpu_util is None else round(d.gpu_util, 3),
@@ -105,9 +96,7 @@ def _finding(d: DeviceStats, ranks: tuple[int, ...], held: float | None) -> Find
             "processes": {str(p.pid): p.used_bytes for p in d.processes},
             "window_s": round(d.span_s, 1),
             "samples": d.samples,
-            "fix": fix,
             "speedup_model": SPEEDUP_NOTE,
         },
-        fixes=fixes,
         predicted_speedup=None,
     )

@@ -39,22 +39,72 @@ Speed-up: not predicted: whether a larger batch is faster depends on the GPU's s
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from ..budget import BudgetModel, fmt_bytes, host_short, levers_text, model_for, parts_text
-from ..devices import (
-    DeviceStats,
-    fmt_gib,
-)
+from ..budget import BudgetModel, host_short, model_for
+from ..devices import DeviceStats
 from ..findings import Finding
-from ..measures import rank_memory_fits, ranks_text
+from ..measures import rank_memory_fits
 from ..snapshot import RankView, Snapshot
 
 SPEEDUP_NOTE = "not predicted: a larger batch is faster only while the GPU is not saturated"
 # Gradient checkpointing commonly allows 4-10x larger batches; the conservative end is used.
 CHECKPOINT_FACTOR = 4.0
 MIXED_PRECISION_FACTOR = 2.0
+
+# roomy: a larger batch fits (info); tight: the current batch does not fit the budget.
+Verdict = Literal["roomy", "tight"]
+
+
+@dataclass(frozen=True)
+class FitTerms:
+    """A rank's fitted ``memory = fixed + per_sample x batch`` as its evidence rounds it, the
+    fit's r2 and the batch sizes it was fitted over."""
+
+    fixed_bytes: int
+    per_sample_bytes: int
+    r2: float
+    batch_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FitRank:
+    """A rank judged by its fit on its GPU: its batch and what fits. Where the batch does not
+    fit, the model part (fixed part and overhead), whether it rather than the batch is the
+    lever (half the budget or more), and the batch each activation lever allows."""
+
+    gpu: str
+    batch: int
+    largest_batch: int | None
+    peak_bytes: float
+    total_bytes: int
+    budget_bytes: int
+    predicted_bytes: int
+    fit: FitTerms
+    model_bytes: int = 0
+    model_is_lever: bool = False
+    largest_batch_checkpointing: int | None = None
+    largest_batch_mixed_precision: int | None = None
+
+
+@dataclass(frozen=True)
+class FitFacts:
+    """The verdict on ranks judged by their fitted memory, and the share of the GPU kept free."""
+
+    verdict: Verdict
+    margin: float
+    ranks: Mapping[int, FitRank]
+
+
+@dataclass(frozen=True)
+class BudgetFacts:
+    """The verdict on ranks judged by their measured budget, and the safety margin."""
+
+    verdict: Verdict
+    margin: float
+    ranks: Mapping[int, BudgetModel]
 
 
 def detect(
@@ -124,9 +174,9 @@ def detect(
             tight[r] = row
             gpus[r] = gpu
     if roomy:
-        findings.append(_roomy(roomy, gpus, margin))
+        findings.append(_finding("roomy", roomy, gpus, margin))
     if tight:
-        findings.append(_tight(tight, gpus, margin))
+        findings.append(_finding("tight", tight, gpus, margin))
     return findings
 
 
@@ -137,89 +187,48 @@ def _latest_batch(view: RankView) -> int | None:
     return None
 
 
-def _fit_text(row: dict[str, Any]) -> str:
-    return (
-        f"memory = {fmt_gib(row['fixed_bytes'])} + {row['per_sample_bytes'] / 1024**2:.0f} MiB "
-        "per sample "
-        f"(r2 {row['r2']:.2f} over batches {', '.join(str(b) for b in row['batch_sizes'])})"
+def _fit_rank(row: dict[str, Any], gpu: DeviceStats, verdict: Verdict) -> FitRank:
+    """A rank's facts from its evidence row, so the words say the figures the record holds."""
+    fit = FitTerms(
+        row["fixed_bytes"], row["per_sample_bytes"], row["r2"], tuple(row["batch_sizes"])
     )
-
-
-def _roomy(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin: float) -> Finding:
-    fixes = {}
-    for r, row in rows.items():
-        fixes[r] = (
-            f"batch_size {row['current_batch']} -> up to {row['largest_batch']} fits "
-            f"{gpus[r].label} with a {margin:.0%} margin ({_fit_text(row)}); raise it only while "
-            "throughput still grows (the GPU is not yet saturated) and scale the learning rate "
-            "with it"
-        )
-    first = min(rows)
-    row = rows[first]
-    summary = (
-        f"{ranks_text(rows)} use{'s' if len(rows) == 1 else ''} at most "
-        f"{fmt_gib(row['peak_bytes'])} of {fmt_gib(row['total_bytes'])} on "
-        f"{gpus[first].label}: a batch of up to {row['largest_batch']} fits "
-        f"(now {row['current_batch']})"
+    model = row["fixed_bytes"] + row["overhead_bytes"]
+    return FitRank(
+        gpu=gpu.label,
+        batch=row["current_batch"],
+        largest_batch=row["largest_batch"],
+        peak_bytes=row["peak_bytes"],
+        total_bytes=row["total_bytes"],
+        budget_bytes=row["budget_bytes"],
+        predicted_bytes=row["predicted_at_current_bytes"],
+        fit=fit,
+        model_bytes=model,
+        model_is_lever=verdict == "tight" and model >= 0.5 * row["budget_bytes"],
+        largest_batch_checkpointing=row.get("largest_batch_checkpointing"),
+        largest_batch_mixed_precision=row.get("largest_batch_mixed_precision"),
     )
-    return _finding("info", rows, gpus, margin, summary, fixes)
-
-
-def _tight(rows: dict[int, dict[str, Any]], gpus: dict[int, DeviceStats], margin: float) -> Finding:
-    fixes = {}
-    for r, row in rows.items():
-        fixed = row["fixed_bytes"] + row["overhead_bytes"]
-        parts = [
-            f"batch {row['current_batch']} needs about "
-            f"{fmt_gib(row['predicted_at_current_bytes'])} of {fmt_gib(row['budget_bytes'])} "
-            f"usable on {gpus[r].label} ({_fit_text(row)})"
-        ]
-        if fixed >= 0.5 * row["budget_bytes"]:
-            parts.append(
-                f"the model part alone is {fmt_gib(fixed)}: the batch is not the lever; use an "
-                "optimizer with less state (Adam keeps 4x the parameters, SGD with momentum 3x) "
-                "or shard parameters, gradients and optimizer state (FSDP / ZeRO)"
-            )
-        else:
-            parts.append(
-                f"gradient checkpointing (torch.utils.checkpoint on the largest blocks, about a "
-                f"third more compute) fits up to batch {row['largest_batch_checkpointing']}; "
-                "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16)) fits "
-                f"up to {row['largest_batch_mixed_precision']}; or batch_size "
-                f"{row['current_batch']} -> {row['largest_batch']}"
-            )
-        fixes[r] = "; ".join(parts)
-    first = min(rows)
-    summary = (
-        f"{ranks_text(rows)}: batch {rows[first]['current_batch']} does not fit "
-        f"{gpus[first].label} with a {margin:.0%} margin "
-        f"({fmt_gib(rows[first]['predicted_at_current_bytes'])} of "
-        f"{fmt_gib(rows[first]['total_bytes'])})"
-    )
-    return _finding("warning", rows, gpus, margin, summary, fixes)
 
 
 def _finding(
-    severity: str,
+    verdict: Verdict,
     rows: dict[int, dict[str, Any]],
     gpus: dict[int, DeviceStats],
     margin: float,
-    summary: str,
-    fixes: dict[int, str],
 ) -> Finding:
     """Both verdicts carry the same evidence: the fit per rank, its GPU and the margin."""
     return Finding(
         kind="memory_headroom",
-        severity=severity,
+        severity="info" if verdict == "roomy" else "warning",
         ranks=tuple(sorted(rows)),
-        summary=summary,
+        facts=FitFacts(
+            verdict, margin, {r: _fit_rank(row, gpus[r], verdict) for r, row in rows.items()}
+        ),
         evidence={
             "gpus": [gpus[r].ref for r in sorted(rows)],
             "per_rank": {str(r): row for r, row in sorted(rows.items())},
             "margin": margin,
             "speedup_model": SPEEDUP_NOTE,
         },
-        fixes=fixes,
         predicted_speedup=None,
     )
 
@@ -238,12 +247,6 @@ def budget_models(snapshot: Snapshot, *, margin: float) -> dict[int, BudgetModel
         if model.capacity_bytes is not None and batch:
             out[view.info.rank] = model
     return out
-
-
-def _where(model: BudgetModel) -> str:
-    if model.budget.device_total_bytes:
-        return f"the GPU's {fmt_bytes(model.budget.device_total_bytes)}"
-    return "this rank's share of the host's available memory"
 
 
 def _from_budgets(
@@ -268,75 +271,27 @@ def _from_budgets(
             roomy[r] = m
     out: list[Finding] = []
     if roomy:
-        fixes = {r: _roomy_fix(m, margin) for r, m in roomy.items()}
-        first = roomy[min(roomy)]
-        room = (
-            f"a batch of up to {first.largest_batch()} fits (now {first.batch})"
-            if first.budget.device_total_bytes
-            else "memory does not limit the batch"
-        )
-        summary = (
-            f"{ranks_text(roomy)} hold{'s' if len(roomy) == 1 else ''} "
-            f"{fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable: {room}"
-        )
-        out.append(_budget_finding("info", roomy, margin, summary, fixes))
+        out.append(_budget_finding("roomy", "info", roomy, margin))
     if tight:
-        fixes = {}
-        for r, m in tight.items():
-            lever = "the fixed part" if m.main_lever == "fixed" else "the activations"
-            fixes[r] = (
-                f"batch {m.batch} needs about {fmt_bytes(m.current_bytes)} of "
-                f"{fmt_bytes(m.capacity_bytes)} usable ({_where(m)}; {parts_text(m)}); the lever "
-                f"is {lever}: {levers_text(m, fmt_bytes)}"
-            )
-        first = tight[min(tight)]
         gpu = any(m.budget.device_total_bytes for m in tight.values())
         short = any(host_short(m.budget, short_ratio) for m in tight.values())
-        summary = (
-            f"{ranks_text(tight)}: batch {first.batch} does not fit with a {margin:.0%} margin "
-            f"({fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable)"
-        )
-        out.append(
-            _budget_finding("warning" if gpu or short else "info", tight, margin, summary, fixes)
-        )
+        out.append(_budget_finding("tight", "warning" if gpu or short else "info", tight, margin))
     return out
 
 
-def _roomy_fix(m: BudgetModel, margin: float) -> str:
-    """On a GPU, the largest batch that fits; on a CPU job only what the rank holds: the host's
-    memory would "fit" an absurd batch (millions of samples), and on a CPU the batch is sized
-    by throughput, not memory. The evidence keeps the figure either way."""
-    if not m.budget.device_total_bytes:
-        return (
-            f"nothing to change for memory: batch {m.batch} holds {fmt_bytes(m.current_bytes)} "
-            f"({parts_text(m)}) of {fmt_bytes(m.capacity_bytes)} usable; on a CPU the batch is "
-            "sized by throughput, not memory"
-        )
-    return (
-        f"batch_size {m.batch} -> up to {m.largest_batch()} fits {_where(m)} with a "
-        f"{margin:.0%} margin ({parts_text(m)}); raise it only while throughput still grows and "
-        "scale the learning rate with it"
-    )
-
-
 def _budget_finding(
-    severity: str,
-    models: dict[int, BudgetModel],
-    margin: float,
-    summary: str,
-    fixes: dict[int, str],
+    verdict: Verdict, severity: str, models: dict[int, BudgetModel], margin: float
 ) -> Finding:
     return Finding(
         kind="memory_headroom",
         severity=severity,
         ranks=tuple(sorted(models)),
-        summary=summary,
+        facts=BudgetFacts(verdict, margin, dict(models)),
         evidence={
             "gpus": [],
             "per_rank": {str(r): m.evidence() for r, m in sorted(models.items())},
             "margin": margin,
             "speedup_model": SPEEDUP_NOTE,
         },
-        fixes=fixes,
         predicted_speedup=None,
     )

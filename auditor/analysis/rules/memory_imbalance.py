@@ -37,11 +37,11 @@ Speed-up: not predicted. Memory does not set the step time; it caps the batch. S
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..budget import fmt_bytes
 from ..budget import host_short as is_host_short
-from ..devices import GIB, DeviceStats, fmt_gib
+from ..devices import GIB
 from ..findings import Finding
 from ..measures import (
     PeerMedians,
@@ -62,17 +62,57 @@ BUDGET_PARTS = (
     "activation_bytes",
     "other_module_bytes",
 )
-PART_NAMES = {
-    "param_bytes": "parameters",
-    "grad_bytes": "gradients",
-    "optimizer_bytes": "optimizer state",
-    "buffer_bytes": "buffers",
-    "activation_bytes": "activations",
-    "other_module_bytes": "modules outside the model",
-}
 SPEEDUP_NOTE = (
     "not predicted: memory does not set the step time; it caps the batch every rank can use"
 )
+
+
+@dataclass(frozen=True)
+class HeavyDataParallelGpu:
+    """A GPU of DataParallel ``rank`` (its label and index) holding ``ratio`` times the median
+    memory of the process's other GPUs."""
+
+    rank: int
+    gpu: str
+    index: int
+    ratio: float
+    mem_bytes: float | None
+    peer_bytes: float
+
+
+@dataclass(frozen=True)
+class HeavyGpu:
+    """The GPU (its label) of ``rank`` holding ``ratio`` times its peers' median memory, and the
+    other ranks' processes that allocate on it, blamed instead of the owner (rank to bytes, None
+    where unknown; empty: the owner is blamed)."""
+
+    rank: int
+    gpu: str
+    ratio: float
+    mem_bytes: float
+    peer_bytes: float
+    strays: Mapping[int, int | None]
+
+
+@dataclass(frozen=True)
+class HeavyPeak:
+    """Without NVML: ``rank``'s per-step peak allocation, ``ratio`` times its peers' median."""
+
+    rank: int
+    ratio: float
+    peak_bytes: float
+    peer_bytes: float
+
+
+@dataclass(frozen=True)
+class HeavyBudget:
+    """``rank``'s measured budget parts above its peers' medians (part to extra bytes), their
+    sum, and the part with the most."""
+
+    rank: int
+    extra_by_part: Mapping[str, int]
+    extra_bytes: int
+    main_part: str
 
 
 def detect(
@@ -154,11 +194,13 @@ def _detect_devices(
         mem = {u: d.mem_used_bytes for u, d in mine.items() if d.mem_used_bytes is not None}
         for uuid, ratio in heavy(mem, min_ratio, min_extra_bytes).items():
             ds = mine[uuid]
-            peer = peer_median_bytes(mem, uuid)
-            fix = (
-                f"{ds.label} holds {fmt_gib(ds.mem_used_bytes)} against {fmt_gib(peer)} on the "
-                "other GPUs of this DataParallel process: look for tensors created on "
-                f"cuda:{ds.index} outside the model (targets, metrics, a loss computed there)"
+            facts = HeavyDataParallelGpu(
+                rank=r,
+                gpu=ds.label,
+                index=ds.index,
+                ratio=ratio,
+                mem_bytes=ds.mem_used_bytes,
+                peer_bytes=peer_median_bytes(mem, uuid),
             )
             findings.append(
                 imbalance_finding(
@@ -166,11 +208,7 @@ def _detect_devices(
                     mine,
                     mem,
                     ranks=(r,),
-                    fixes={r: fix},
-                    summary=(
-                        f"{ds.label} holds {ratio:.1f}x the memory of the other GPUs of "
-                        f"rank {r} ({fmt_gib(ds.mem_used_bytes)} vs {fmt_gib(peer)})"
-                    ),
+                    facts=facts,
                     near_full=near_full,
                     owners=owners,
                 )
@@ -198,19 +236,10 @@ def _detect_devices(
             known = sum(b for b in foreign.values() if b is not None)
             if foreign and (None in foreign.values() or known >= stray_share * excess):
                 blamed = tuple(sorted(foreign))
-                fixes = {q: _stray_fix(q, foreign[q], ds, r) for q in blamed}
-                summary = (
-                    f"{ds.label} (rank {r}) holds {ratio:.1f}x its peers' memory "
-                    f"({fmt_gib(rank_mem[r])} vs {fmt_gib(peer)}): ranks "
-                    f"{', '.join(str(q) for q in blamed)} also allocate on it"
-                )
+                allocating: dict[int, int | None] = {q: foreign[q] for q in blamed}
             else:
                 blamed = (r,)
-                fixes = {r: _owner_fix(r, ds, rank_mem[r], peer)}
-                summary = (
-                    f"rank {r} holds {ratio:.1f}x its peers' GPU memory on {ds.label} "
-                    f"({fmt_gib(rank_mem[r])} vs {fmt_gib(peer)})"
-                )
+                allocating = {}
             by_uuid = {single[q]: dstats[single[q]] for q in single}
             findings.append(
                 imbalance_finding(
@@ -218,8 +247,7 @@ def _detect_devices(
                     by_uuid,
                     {single[q]: m for q, m in rank_mem.items()},
                     ranks=blamed,
-                    fixes=fixes,
-                    summary=summary,
+                    facts=HeavyGpu(r, ds.label, ratio, rank_mem[r], peer, allocating),
                     near_full=near_full,
                     owners=owners,
                     extra={
@@ -232,24 +260,6 @@ def _detect_devices(
     else:
         findings.extend(_from_probe(stats, modes, min_ratio, min_extra_bytes))
     return findings
-
-
-def _owner_fix(rank: int, ds: DeviceStats, mine: float, peer: float) -> str:
-    return (
-        f"rank {rank} holds {fmt_gib(mine - peer)} more than its peers on {ds.label}: find what "
-        "only this rank keeps on the GPU (evaluation or metric tensors, an EMA or checkpoint copy "
-        "of the model, `if rank == 0:` branches) and move it to the CPU or share it across "
-        "ranks; every rank can then use the batch the heaviest one allows"
-    )
-
-
-def _stray_fix(rank: int, used: int | None, ds: DeviceStats, owner: int) -> str:
-    held = "memory" if used is None else fmt_gib(used)
-    return (
-        f"rank {rank} holds {held} on {ds.label}, which is rank {owner}'s: call "
-        "torch.cuda.set_device(local_rank) before any CUDA work and load checkpoints with "
-        "torch.load(..., map_location=f'cuda:{local_rank}')"
-    )
 
 
 def _from_probe(
@@ -270,10 +280,7 @@ def _from_probe(
                 kind="memory_imbalance",
                 severity="info",
                 ranks=(r,),
-                summary=(
-                    f"rank {r} peaks at {ratio:.1f}x its peers' allocated GPU memory "
-                    f"({fmt_gib(mine)} vs {fmt_gib(peer)})"
-                ),
+                facts=HeavyPeak(r, ratio, mine, peer),
                 evidence={
                     "gpus": [],
                     "source": "probe: torch.cuda.max_memory_allocated per step",
@@ -282,13 +289,6 @@ def _from_probe(
                     },
                     "ratio_to_peers": round(ratio, 2),
                     "speedup_model": SPEEDUP_NOTE,
-                },
-                fixes={
-                    r: (
-                        f"rank {r} allocates {fmt_gib(mine - peer)} more than its peers at its "
-                        "peak: find what only this rank keeps on the GPU (evaluation or metric "
-                        "tensors, an EMA or checkpoint copy, `if rank == 0:` branches)"
-                    )
                 },
             )
         )
@@ -334,36 +334,21 @@ def _from_budgets(
         if excess < min_extra or excess < min_share * peer_total:
             continue
         main = max(extra, key=lambda p: extra[p])
-        what = ", ".join(
-            f"{PART_NAMES[p]} +{fmt_bytes(v)}"
-            for p, v in sorted(extra.items(), key=lambda kv: -kv[1])
-            if v >= 0.01 * excess
-        )
         full = (
             b.device_total_bytes is not None and totals[r] >= near_full * b.device_total_bytes
         ) or (b.device_total_bytes is None and is_host_short(b, short))
-        if main == "other_module_bytes":
-            fix = (
-                f"rank {r} keeps {fmt_bytes(extra[main])} in modules outside the model (an EMA "
-                "or evaluation copy made with deepcopy): keep it on the CPU, update it every few "
-                "steps, or keep it on every rank alike (or shard it); every rank can then use "
-                "the batch the heaviest one allows"
-            )
-        else:
-            fix = (
-                f"rank {r} holds {fmt_bytes(excess)} more than its peers ({what}): find what "
-                "only this rank keeps (a larger batch, extra parameters or optimizer state, "
-                "`if rank == 0:` branches)"
-            )
+        facts = HeavyBudget(
+            rank=r,
+            extra_by_part=extra,
+            extra_bytes=excess,
+            main_part=main,
+        )
         out.append(
             Finding(
                 kind="memory_imbalance",
                 severity="warning" if full else "info",
                 ranks=(r,),
-                summary=(
-                    f"rank {r} holds {fmt_bytes(excess)} more than its peers' measured memory "
-                    f"({what})"
-                ),
+                facts=facts,
                 evidence={
                     "gpus": [],
                     "source": "measured budget (probe)",
@@ -375,7 +360,6 @@ def _from_budgets(
                     "peer_median_total_bytes": round(peer_total),
                     "speedup_model": SPEEDUP_NOTE,
                 },
-                fixes={r: fix},
                 predicted_speedup=None,
             )
         )

@@ -11,7 +11,7 @@ but flat GPU is normal; so is a rise during warm-up that has levelled off. ``war
 window (memory rising while the model loads is not pressure).
 
 Blamed: the ranks on the GPU (:func:`auditor.analysis.devices.gpu_owners`); a GPU no rank owns
-is named with ``ranks=()`` and its fix under ``evidence["fix"]``.
+is named with ``ranks=()``; the report gives its fix under ``evidence["fix"]``.
 
 Fix, with numbers: the batch that brings the peak to ``target_ratio`` of the total, from the
 rank's fitted ``memory = a + b * batch`` (:mod:`.memory_headroom`) where its batch varied, else
@@ -33,16 +33,58 @@ Speed-up: not predicted: this prevents a crash, it does not change the step time
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..budget import BudgetModel, fmt_bytes, levers_text, model_for, parts_text
-from ..devices import DeviceStats, fmt_gib
+from ..budget import BudgetModel, model_for
+from ..devices import DeviceStats
 from ..findings import Finding
 from ..measures import MemoryFit, rank_memory_fits
 from ..snapshot import RankView, Snapshot
 
 MIB = 1024**2
 SPEEDUP_NOTE = "not predicted: prevents an out-of-memory crash, does not change the step time"
+
+
+@dataclass(frozen=True)
+class RankRelief:
+    """What a rank on a filling GPU can change: its batch, a smaller one that peaks at the
+    target share (None where none is smaller), whether memory rose while its batch stayed the
+    same (something kept across steps), and its measured budget where the probe sent one."""
+
+    batch: int | None
+    smaller_batch: int | None
+    kept_across_steps: bool
+    budget: BudgetModel | None
+
+
+@dataclass(frozen=True)
+class Filling:
+    """A GPU nearly full and still filling: its peak share of the total, the rise over the
+    window, the recent slope and the minutes left until full at that slope."""
+
+    gpu: str
+    peak_ratio: float
+    total_bytes: int
+    rise_bytes: float
+    span_s: float
+    recent_bytes_per_s: float
+    minutes_to_full: float
+    target_ratio: float
+    ranks: Mapping[int, RankRelief]
+
+
+@dataclass(frozen=True)
+class HostShort:
+    """A CPU job's host short of memory (available bytes and share), and each of its ranks'
+    measured budget."""
+
+    host: str
+    available_bytes: int
+    total_bytes: int
+    available_ratio: float
+    ranks: Mapping[int, BudgetModel]
 
 
 def detect(
@@ -94,12 +136,8 @@ def detect(
         ranks = tuple(owners.get(uuid, ()))
         headroom = d.mem_total_bytes - (d.mem_used_max_bytes or 0)
         minutes = headroom / recent / 60.0
-        state = (
-            f"{d.label} peaks at {ratio:.0%} of {fmt_gib(d.mem_total_bytes)} and rises "
-            f"{recent * 60 / MIB:.0f} MiB/min (full in about {minutes:.0f} min)"
-        )
         per_rank: dict[str, Any] = {}
-        fixes: dict[int, str] = {}
+        relief: dict[int, RankRelief] = {}
         for r in ranks:
             fit: MemoryFit | None = fits[r][0] if r in fits else None
             if fit is not None and (fit.r2 < min_r2 or fit.per_sample_bytes <= 0):
@@ -113,19 +151,22 @@ def detect(
                     margin=1.0 - target_ratio,
                     world_size=snapshot.world_size,
                 )
-            fix, row = _rank_fix(view, d, fit, target_ratio, budget)
-            fixes[r] = f"{state}: {fix}"
-            per_rank[str(r)] = row
-        generic = f"{state}: {_generic_fix()}"
+            relief[r], per_rank[str(r)] = _rank_relief(view, d, fit, target_ratio, budget)
         findings.append(
             Finding(
                 kind="memory_pressure",
                 severity="critical" if ratio >= critical_ratio else "warning",
                 ranks=ranks,
-                summary=(
-                    f"{d.label} is {ratio:.0%} full and still rising "
-                    f"({fmt_gib(rise)} over {d.span_s:.0f} s)"
-                    + (f" on rank {', '.join(str(r) for r in ranks)}" if ranks else "")
+                facts=Filling(
+                    gpu=d.label,
+                    peak_ratio=ratio,
+                    total_bytes=d.mem_total_bytes,
+                    rise_bytes=rise,
+                    span_s=d.span_s,
+                    recent_bytes_per_s=recent,
+                    minutes_to_full=minutes,
+                    target_ratio=target_ratio,
+                    ranks=relief,
                 ),
                 evidence={
                     "gpus": [d.ref],
@@ -137,10 +178,8 @@ def detect(
                     "rise_bytes": round(rise),
                     "minutes_to_full": round(minutes, 2),
                     "per_rank": per_rank,
-                    "fix": generic if not ranks else None,
                     "speedup_model": SPEEDUP_NOTE,
                 },
-                fixes=fixes,
                 predicted_speedup=None,
             )
         )
@@ -153,13 +192,13 @@ def _batches(view: RankView | None) -> list[int]:
     return [int(s.batch_size) for s in view.steps if s.batch_size]
 
 
-def _rank_fix(
+def _rank_relief(
     view: RankView | None,
     d: DeviceStats,
     fit: MemoryFit | None,
     target_ratio: float,
     budget: BudgetModel | None = None,
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[RankRelief, dict[str, Any]]:
     batches = _batches(view)
     current = batches[-1] if batches else None
     total = d.mem_total_bytes or 0
@@ -176,21 +215,12 @@ def _rank_fix(
     elif current is not None and peak > 0:
         suggested = math.floor(current * target_bytes / peak)
         basis = "memory assumed in proportion to the batch (overstates the saving)"
-    leak = ""
-    if current is not None and len(set(batches)) == 1:
-        leak = (
-            f"the batch stayed at {current} while memory rose, so something is kept across "
-            "steps (a loss or metric summed as a tensor instead of .item(), outputs appended to "
-            "a list, a growing cache); meanwhile "
-        )
-    options: list[str] = []
-    if current is not None and suggested is not None and 0 < suggested < current:
-        options.append(f"batch_size {current} -> {suggested} (about {target_ratio:.0%} of the GPU)")
-    if budget is not None and budget.levers():
-        options.append(f"{levers_text(budget, fmt_bytes)} ({parts_text(budget)})")
-    else:
-        options.append(_generic_fix())
-    fix = leak + ", or ".join(options)
+    smaller = (
+        suggested
+        if current is not None and suggested is not None and 0 < suggested < current
+        else None
+    )
+    kept = current is not None and len(set(batches)) == 1
     row: dict[str, Any] = {
         "current_batch": current,
         "suggested_batch": suggested,
@@ -199,7 +229,7 @@ def _rank_fix(
     }
     if budget is not None:
         row["budget"] = budget.evidence()
-    return fix, row
+    return RankRelief(current, smaller, kept, budget), row
 
 
 def _host_short(
@@ -220,7 +250,7 @@ def _host_short(
         total = latest.host_total_bytes or 0
         avail = latest.host_available_bytes or 0
         ratio = avail / total if total else 0.0
-        fixes: dict[int, str] = {}
+        models: dict[int, BudgetModel] = {}
         per_rank: dict[str, Any] = {}
         for v in sorted(views, key=lambda v: v.info.rank):
             assert v.memory is not None
@@ -231,11 +261,7 @@ def _host_short(
                 margin=1.0 - target_ratio,
                 world_size=snapshot.world_size,
             )
-            levers = levers_text(m, fmt_bytes) or _generic_fix()
-            fixes[v.info.rank] = (
-                f"host {host or '?'} has {fmt_bytes(avail)} of {fmt_bytes(total)} available: "
-                f"{levers} ({parts_text(m)})"
-            )
+            models[v.info.rank] = m
             per_rank[str(v.info.rank)] = m.evidence()
         ranks = tuple(sorted(v.info.rank for v in views))
         out.append(
@@ -243,11 +269,7 @@ def _host_short(
                 kind="memory_pressure",
                 severity="critical" if ratio < critical else "warning",
                 ranks=ranks,
-                summary=(
-                    f"host {host or '?'} is short of memory ({fmt_bytes(avail)} of "
-                    f"{fmt_bytes(total)} available, {ratio:.0%}) on rank "
-                    f"{', '.join(str(r) for r in ranks)}"
-                ),
+                facts=HostShort(host, avail, total, ratio, models),
                 evidence={
                     "gpus": [],
                     "host": host,
@@ -256,17 +278,7 @@ def _host_short(
                     "per_rank": per_rank,
                     "speedup_model": SPEEDUP_NOTE,
                 },
-                fixes=fixes,
                 predicted_speedup=None,
             )
         )
     return out
-
-
-def _generic_fix() -> str:
-    return (
-        "gradient checkpointing (torch.utils.checkpoint on the largest blocks: activations "
-        "shrink, commonly enough for a 4-10x larger batch, for about a third more compute), or "
-        "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16): activations "
-        "about half)"
-    )

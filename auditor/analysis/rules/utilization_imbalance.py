@@ -31,14 +31,41 @@ otherwise only a cause can attribute it, and without one the rule stays silent.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from ..advisor import fmt_pct, predicted_speedup
+from auditor.wording import ranks_text
+
+from ..advisor import predicted_speedup
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import peer_median, ranks_text
+from ..measures import peer_median
 from ..snapshot import Snapshot
-from ..stats import collective_ops_ms, collective_ops_text
+from ..stats import collective_ops_ms, collective_ops_order
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The busiest and the least busy of the compared ranks (``rank 2``) or GPUs (their label),
+    with their busy share."""
+
+    high: str
+    high_busy: float
+    low: str
+    low_busy: float
+    gpus: bool = False
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The spread; the finding that explains it (whose fixes the blamed ranks get), else each
+    blamed rank's busy share; the collectives the others wait in; whether the job has peers."""
+
+    spread: Spread
+    cause: Finding | None
+    busy: Mapping[int, float]
+    waiting_in: tuple[str, ...] = ()
+    peers: bool = True
 
 
 def detect(
@@ -101,44 +128,30 @@ def detect(
     if not blamed:
         return []
     if cause is not None:
-        fixes = {r: fx for r, fx in cause.fixes.items() if r in blamed}
         speedup = cause.predicted_speedup
     else:
-        fixes = {}
         new_local = {}
         for r in blamed:
             peer = peer_median({q: s.local_s for q, s in stats.items() if q not in blamed}, r)
             if peer is not None:
                 new_local[r] = peer
         speedup = predicted_speedup(stats, new_local) if new_local else None
-        for r in blamed:
-            fixes[r] = (
-                f"profile rank {r}: it is busy {fmt_pct(busy[r])} of each step while its peers "
-                "wait for it"
-            )
-    because = f" because of {cause.kind}" if cause else ""
     if spread >= min_spread:
         hi_r = max(busy, key=lambda r: busy[r])
         lo_r = min(busy, key=lambda r: busy[r])
-        what = (
-            f"busy time spread {fmt_pct(busy[hi_r])} (rank {hi_r}) against "
-            f"{fmt_pct(busy[lo_r])} (rank {lo_r})"
-        )
+        shown = Spread(f"rank {hi_r}", busy[hi_r], f"rank {lo_r}", busy[lo_r])
     else:
         hi_g = gpus[max(gpu_busy, key=lambda u: gpu_busy[u])]
         lo_g = gpus[min(gpu_busy, key=lambda u: gpu_busy[u])]
-        what = (
-            f"GPU busy time spread {fmt_pct(gpu_busy[hi_g.uuid])} ({hi_g.label}) against "
-            f"{fmt_pct(gpu_busy[lo_g.uuid])} ({lo_g.label})"
-        )
+        shown = Spread(hi_g.label, gpu_busy[hi_g.uuid], lo_g.label, gpu_busy[lo_g.uuid], gpus=True)
     # Where the others wait for the blamed ranks, by operation (where the probe named them).
-    waiting_in = collective_ops_text(s for r, s in stats.items() if r not in blamed)
-    wait_for = (
-        f"the others wait for {ranks_text(blamed)}" + (f" in {waiting_in}" if waiting_in else "")
-        if len(stats) >= 2
-        else f"{ranks_text(blamed)} drives every GPU"
+    facts = Facts(
+        spread=shown,
+        cause=cause,
+        busy={r: busy[r] for r in blamed},
+        waiting_in=collective_ops_order(s for r, s in stats.items() if r not in blamed),
+        peers=len(stats) >= 2,
     )
-    summary = f"{what}{because}: {wait_for}"
     evidence: dict[str, object] = {
         "busy_ratio": {str(r): round(b, 3) for r, b in sorted(busy.items())},
         "spread": round(spread, 3),
@@ -169,9 +182,8 @@ def detect(
             kind="utilization_imbalance",
             severity=sev,
             ranks=tuple(blamed),
-            summary=summary,
+            facts=facts,
             evidence=evidence,
-            fixes=fixes,
             predicted_speedup=speedup,
             cause=cause.kind if cause else None,
         )

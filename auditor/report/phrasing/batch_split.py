@@ -1,0 +1,66 @@
+"""batch_split in words: the uneven split, who holds the others back and whose samples count
+more; the equal split as the fix (DataParallel: batches that divide by the GPU count)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from auditor.analysis.findings import Finding
+from auditor.analysis.rules.batch_split import DataParallelFacts, Facts
+from auditor.wording import ranks_text, speedup_worth_naming
+
+from .words import Phrase, phrase_facts, s_if_one, with_expectation
+
+
+@phrase_facts.register
+def _(facts: Facts, finding: Finding) -> Phrase:
+    blamed = finding.ranks
+    speedup = finding.predicted_speedup
+    averaged = facts.averaged_by
+    parts: list[str] = []
+    if speedup_worth_naming(speedup) or not averaged:
+        parts.append(f"{ranks_text(blamed)} hold{s_if_one(blamed)} the others back")
+    if averaged:
+        parts.append(
+            f"each sample of {ranks_text(facts.small)} counts {facts.sample_weight:.1f}x one of "
+            f"{ranks_text(facts.large)} in the averaged gradient"
+        )
+    listing = ", ".join(f"rank {r}: {round(b)}" for r, b in sorted(facts.batches.items()))
+    summary = f"uneven per-rank batches ({listing}): " + ", and ".join(parts)
+    fixes: dict[int, str] = {}
+    for r, b in sorted(facts.batches.items()):
+        batch, equal = round(b), facts.equal[r]
+        if batch == equal:
+            continue
+        note = "" if r in blamed else f" (keeps the global batch of {facts.global_batch})"
+        fix = f"batch_size {batch} -> {equal}{note}"
+        if r in blamed and averaged:
+            fix += f" (the equal split: {averaged} weighs every rank's gradient equally)"
+        if r in blamed and averaged and facts.speeds_differ:
+            fix += (
+                f", or keep {batch} for its speed and scale each rank's loss by its "
+                f"batch x {len(facts.batches)} / {facts.global_batch} so every sample counts once"
+            )
+        fixes[r] = with_expectation(fix, speedup)
+    return Phrase(summary, fixes)
+
+
+@phrase_facts.register
+def _dataparallel(facts: DataParallelFacts, finding: Finding) -> Phrase:
+    batch, n = facts.batch, facts.gpu_count
+    short = ", ".join(f"GPU {g.index} gets {g.chunk or 'nothing'}" for g in facts.short)
+    summary = (
+        f"DataParallel rank {facts.rank} splits batch {batch} over {n} GPUs as "
+        f"{_join(facts.chunks)}: {short} and idles while the others finish"
+    )
+    choices = " or ".join(f"{b} ({b // n} per GPU)" for b in facts.nearest)
+    fix = (
+        f"batch_size {batch} -> {choices}: torch.chunk splits {batch} over {n} GPUs as "
+        f"{_join(facts.chunks)} ({short}); or keep {batch} with per-GPU chunk sizes "
+        f"{_join(facts.even)} (a scatter with explicit chunk sizes)"
+    )
+    return Phrase(summary, {facts.rank: with_expectation(fix, finding.predicted_speedup)})
+
+
+def _join(values: Iterable[int]) -> str:
+    return ", ".join(str(v) for v in values)

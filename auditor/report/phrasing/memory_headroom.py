@@ -1,0 +1,127 @@
+"""memory_headroom in words: how large a batch fits, or why the current one does not, from the
+fitted memory or the measured budget."""
+
+from __future__ import annotations
+
+from auditor.analysis.budget import BudgetModel
+from auditor.analysis.findings import Finding
+from auditor.analysis.rules.memory_headroom import BudgetFacts, FitFacts, FitRank, FitTerms
+from auditor.wording import fmt_bytes, fmt_gib, ranks_text
+
+from .words import Phrase, levers_text, parts_text, phrase_facts, s_if_one
+
+
+@phrase_facts.register
+def _fitted(facts: FitFacts, finding: Finding) -> Phrase:
+    rows = facts.ranks
+    first = rows[min(rows)]
+    margin = facts.margin
+    if facts.verdict == "roomy":
+        summary = (
+            f"{ranks_text(rows)} use{s_if_one(rows)} at most "
+            f"{fmt_gib(first.peak_bytes)} of {fmt_gib(first.total_bytes)} on "
+            f"{first.gpu}: a batch of up to {first.largest_batch} fits "
+            f"(now {first.batch})"
+        )
+        return Phrase(summary, {r: _roomy_fit_fix(row, margin) for r, row in rows.items()})
+    summary = (
+        f"{ranks_text(rows)}: batch {first.batch} does not fit "
+        f"{first.gpu} with a {margin:.0%} margin "
+        f"({fmt_gib(first.predicted_bytes)} of {fmt_gib(first.total_bytes)})"
+    )
+    return Phrase(summary, {r: _tight_fit_fix(row) for r, row in rows.items()})
+
+
+def _fit_text(fit: FitTerms) -> str:
+    return (
+        f"memory = {fmt_gib(fit.fixed_bytes)} + {fit.per_sample_bytes / 1024**2:.0f} MiB "
+        "per sample "
+        f"(r2 {fit.r2:.2f} over batches {', '.join(str(b) for b in fit.batch_sizes)})"
+    )
+
+
+def _roomy_fit_fix(row: FitRank, margin: float) -> str:
+    return (
+        f"batch_size {row.batch} -> up to {row.largest_batch} fits "
+        f"{row.gpu} with a {margin:.0%} margin ({_fit_text(row.fit)}); raise it only while "
+        "throughput still grows (the GPU is not yet saturated) and scale the learning rate "
+        "with it"
+    )
+
+
+def _tight_fit_fix(row: FitRank) -> str:
+    parts = [
+        f"batch {row.batch} needs about "
+        f"{fmt_gib(row.predicted_bytes)} of {fmt_gib(row.budget_bytes)} "
+        f"usable on {row.gpu} ({_fit_text(row.fit)})"
+    ]
+    if row.model_is_lever:
+        parts.append(
+            f"the model part alone is {fmt_gib(row.model_bytes)}: the batch is not the lever; use "
+            "an optimizer with less state (Adam keeps 4x the parameters, SGD with momentum 3x) "
+            "or shard parameters, gradients and optimizer state (FSDP / ZeRO)"
+        )
+    else:
+        parts.append(
+            f"gradient checkpointing (torch.utils.checkpoint on the largest blocks, about a "
+            f"third more compute) fits up to batch {row.largest_batch_checkpointing}; "
+            "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16)) fits "
+            f"up to {row.largest_batch_mixed_precision}; or batch_size "
+            f"{row.batch} -> {row.largest_batch}"
+        )
+    return "; ".join(parts)
+
+
+@phrase_facts.register
+def _budgeted(facts: BudgetFacts, finding: Finding) -> Phrase:
+    models = facts.ranks
+    first = models[min(models)]
+    margin = facts.margin
+    if facts.verdict == "roomy":
+        room = (
+            f"a batch of up to {first.largest_batch()} fits (now {first.batch})"
+            if first.budget.device_total_bytes
+            else "memory does not limit the batch"
+        )
+        summary = (
+            f"{ranks_text(models)} hold{s_if_one(models)} "
+            f"{fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable: {room}"
+        )
+        return Phrase(summary, {r: _roomy_budget_fix(m, margin) for r, m in models.items()})
+    summary = (
+        f"{ranks_text(models)}: batch {first.batch} does not fit with a {margin:.0%} margin "
+        f"({fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable)"
+    )
+    return Phrase(summary, {r: _tight_budget_fix(m) for r, m in models.items()})
+
+
+def _where(model: BudgetModel) -> str:
+    if model.budget.device_total_bytes:
+        return f"the GPU's {fmt_bytes(model.budget.device_total_bytes)}"
+    return "this rank's share of the host's available memory"
+
+
+def _roomy_budget_fix(m: BudgetModel, margin: float) -> str:
+    """On a GPU, the largest batch that fits; on a CPU job only what the rank holds: the host's
+    memory would "fit" an absurd batch (millions of samples), and on a CPU the batch is sized
+    by throughput, not memory. The evidence keeps the figure either way."""
+    if not m.budget.device_total_bytes:
+        return (
+            f"nothing to change for memory: batch {m.batch} holds {fmt_bytes(m.current_bytes)} "
+            f"({parts_text(m)}) of {fmt_bytes(m.capacity_bytes)} usable; on a CPU the batch is "
+            "sized by throughput, not memory"
+        )
+    return (
+        f"batch_size {m.batch} -> up to {m.largest_batch()} fits {_where(m)} with a "
+        f"{margin:.0%} margin ({parts_text(m)}); raise it only while throughput still grows and "
+        "scale the learning rate with it"
+    )
+
+
+def _tight_budget_fix(m: BudgetModel) -> str:
+    lever = "the fixed part" if m.main_lever == "fixed" else "the activations"
+    return (
+        f"batch {m.batch} needs about {fmt_bytes(m.current_bytes)} of "
+        f"{fmt_bytes(m.capacity_bytes)} usable ({_where(m)}; {parts_text(m)}); the lever "
+        f"is {lever}: {levers_text(m)}"
+    )
