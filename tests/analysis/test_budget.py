@@ -16,13 +16,13 @@ from auditor.analysis.budget import (
     AUTOCAST_FACTOR,
     CHECKPOINT_FACTOR,
     capacity,
-    fmt_bytes,
     model_for,
 )
 from auditor.analysis.rules import memory_headroom, memory_imbalance, memory_pressure
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.report.phrasing import phrase
 from auditor.samples import MemoryBudget, RankInfo, StepSample
+from auditor.wording import fmt_bytes
 from tests.helpers.units import GIB, MIB
 
 

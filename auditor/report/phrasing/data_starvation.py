@@ -13,7 +13,7 @@ from auditor.analysis.rules.data_starvation import (
     PeersWait,
     StarvedRank,
 )
-from auditor.wording import NAMED_SPEEDUP, fmt_ms, fmt_pct, ranks_text
+from auditor.wording import fmt_ms, fmt_pct, ranks_text, speedup_worth_naming
 
 from .words import Phrase, it_or_them, ops_text, phrase_facts, s_if_one, with_expectation
 
@@ -87,7 +87,7 @@ def _fix(rank: StarvedRank, speedup: float | None, factor: float) -> str:
         parts.append("persistent_workers=True")
     text = ", ".join(parts)
     if rank.workers is None:
-        if speedup is None or speedup < NAMED_SPEEDUP:
+        if not speedup_worth_naming(speedup):
             return text
         cost = "half the loading time" if factor == 2 else f"1/{factor:g} of the loading time"
         return f"{text}; at {cost} expect about {speedup:.1f}x"

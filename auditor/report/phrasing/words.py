@@ -15,7 +15,7 @@ from functools import singledispatch
 
 from auditor.analysis.budget import CHECKPOINT_FACTOR, BudgetModel
 from auditor.analysis.findings import Finding
-from auditor.wording import fmt_bytes
+from auditor.wording import fmt_bytes, speedup_worth_naming
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def phrase(finding: Finding) -> Phrase:
 
 def with_expectation(fix: str, speedup: float | None) -> str:
     """``fix`` and the speed-up to expect from it, where it is worth naming (2% or more)."""
-    if speedup is None or speedup < 1.02:
+    if not speedup_worth_naming(speedup):
         return fix
     return f"{fix}; expect about {speedup:.1f}x"
 
