@@ -715,6 +715,8 @@ def _findings_section(findings: Sequence[ReportFinding]) -> str:
             out.append(f'<p class="muted">{_e("; ".join(facts))}</p>')
         if f.summary:
             out.append(f"<p>{_e(f.summary)}</p>")
+        if f.unowned_fix:
+            out.append(f"<ul><li><b>fix</b>: {_e(f.unowned_fix)}</li></ul>")
         if f.fixes:
             out.append("<ul>")
             for rank, fix in sorted(f.fixes.items()):

@@ -240,6 +240,14 @@ class ReportFinding:
         return self.severity_key <= severity_key(severity)
 
     @property
+    def unowned_fix(self) -> str | None:
+        """The change to make where the finding blames no rank (a GPU no rank of the job owns,
+        held by processes outside it): the JSON's ``evidence.fix``; None where every change is a
+        rank's."""
+        fix = self.evidence.get("fix")
+        return fix if isinstance(fix, str) and fix and not self.fixes else None
+
+    @property
     def speedup(self) -> float:
         """The predicted speed-up, 1.0 where it predicts none."""
         return 1.0 if self.predicted_speedup is None else float(self.predicted_speedup)

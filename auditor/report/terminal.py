@@ -223,6 +223,8 @@ def _finding_lines(
     lines = [_paint(x, f.severity, color) for x in wrap(head, cont="    ")]
     if f.summary:
         lines.extend(wrap(f.summary, indent="  ", cont="    "))
+    if f.unowned_fix:
+        lines.extend(wrap(f"fix: {f.unowned_fix}", indent="  ", cont="      "))
     answers = answers or {}
     given = {} if given is None else given
     for rank, fix in sorted(f.fixes.items()):

@@ -253,3 +253,22 @@ def test_one_severity_order_and_one_set_of_columns() -> None:
     assert sorted(["info", "critical", "warning"], key=severity_key) == list(SEVERITY_ORDER)
     # The live panel's figure columns are the report's.
     assert live._TITLES[3:9] == titles(FIGURE_COLUMNS)
+
+
+def test_a_gpu_no_rank_owns_gets_its_fix_in_the_verdict_and_the_page() -> None:
+    # Recorded: PID 39127, outside the job, holds 18.5 GiB on an idle GPU no rank owns.
+    report = analyze_recording(str(DATA / "idle_allocated_gpu/recording.jsonl")).report
+    (idle,) = [f for f in report.findings if f.kind == "idle_device"]
+    assert idle.ranks == () and not idle.fixes
+    assert idle.unowned_fix == idle.evidence["fix"]
+    assert "`kill 39127`" in idle.unowned_fix
+    verdict = render_verdict(report)
+    assert "  fix: free it: PID 39127 holds 18.5 GiB on idle gpu-node-07 GPU 2" in verdict
+    assert "`kill 39127`" in " ".join(verdict.split())
+    page = render_html(report)
+    assert f"<li><b>fix</b>: {html.escape(idle.unowned_fix)}</li>" in page
+    # A finding whose changes are the ranks' says them per rank only.
+    owned = ReportFinding(
+        kind="idle_device", severity="warning", ranks=(1,), fixes={1: "x"}, evidence={"fix": "x"}
+    )
+    assert owned.unowned_fix is None
