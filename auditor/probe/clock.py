@@ -154,6 +154,9 @@ class StepClock:
         self.pending: deque[PendingStep] = deque(maxlen=max_pending)
         self.dropped = 0
         self.steps = 0
+        # Backward and optimizer calls so far: a loader whose batches have one between them
+        # trains (an evaluation loop's batches have none; see the probe's DataLoader hook).
+        self.updates = 0
         self.saw_loader = False
         # Set by the probe when the DDP gradient all-reduce cannot be timed (a builtin C++ comm
         # hook): the step's collective wait is then not measured at all, rather than partial.
@@ -296,6 +299,7 @@ class StepClock:
     def backward_begin(self) -> None:
         if self._start is None:
             self._start = self._now()
+        self.updates += 1
         self._open(PHASE_BACKWARD)
 
     def backward_end(self) -> None:
@@ -304,6 +308,7 @@ class StepClock:
     def optimizer_begin(self) -> None:
         if self._start is None:
             self._start = self._now()
+        self.updates += 1
         self._open(PHASE_OPTIMIZER)
 
     def optimizer_end(self) -> None:

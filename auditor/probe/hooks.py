@@ -4,7 +4,10 @@ What is hooked, and why this way:
 
 * DataLoader: ``_BaseDataLoaderIter.__next__`` (every loader, single- or multi-process) for the
   data wait and the batch size; ``DataLoader.__iter__`` to read the loader's settings and its
-  worker PIDs once per epoch.
+  worker PIDs once per epoch. The rank reports the training loader's: the first loader with a
+  backward or an optimizer step between two of its batches (an evaluation loop has none, and
+  its loader often has other workers: Lightning's ``val_dataloader``, the Trainer's periodic
+  evaluation). Until one has trained, the loader iterated last.
 * Forward: global module hooks only until the model is known. The first module called at top
   level is taken as the model and gets its own hooks; the global ones are removed after
   ``discover_steps`` steps, so big models do not pay a Python call per submodule. A DDP or
@@ -107,6 +110,10 @@ class Probe:
         self.device = "cpu"
         self.loader: LoaderConfig | None = None
         self.worker_pids: tuple[int, ...] = ()
+        # The DataLoader whose batches train (see _hook_dataloader), and the step of its last
+        # batch; None until one has trained.
+        self.train_loader: weakref.ref[Any] | None = None
+        self.train_loader_step = 0
         self.unmeasured: set[str] = set()
         # Collectives called on another thread than the training loop's: counted, not timed.
         self.off_thread_collectives = 0
@@ -447,6 +454,9 @@ def _hook_dataloader(probe: Probe, torch: Any) -> None:
             cpu = thread_time() - cpu
             clock.data_end(began, batch_size_of(batch), cpu)
         probe.open_h2d()
+        seen = getattr(self, "_auditor_loader", None)
+        if seen is not None:
+            _loader_batch(probe, seen)
         return batch
 
     @functools.wraps(orig_iter)
@@ -454,15 +464,65 @@ def _hook_dataloader(probe: Probe, torch: Any) -> None:
         it = orig_iter(self)
         if probe.enabled:
             try:
-                probe.loader = _loader_config(self)
                 workers = getattr(it, "_workers", None) or ()
-                probe.worker_pids = tuple(int(w.pid) for w in workers if w.pid)
+                seen = _SeenLoader(
+                    weakref.ref(self),
+                    _loader_config(self),
+                    tuple(int(w.pid) for w in workers if w.pid),
+                )
+                # A persistent loader hands out the same iterator each epoch: this epoch's.
+                it._auditor_loader = seen
+                train = probe.train_loader() if probe.train_loader is not None else None
+                if train is None or train is self:
+                    probe.loader, probe.worker_pids = seen.config, seen.worker_pids
             except Exception:
                 pass
         return it
 
     base_iter.__next__ = __next__
     dl.DataLoader.__iter__ = __iter__
+
+
+class _SeenLoader:
+    """One epoch of a DataLoader: its settings, its workers and where its last batch was."""
+
+    __slots__ = ("config", "loader", "updates", "worker_pids")
+
+    def __init__(
+        self, loader: weakref.ref[Any], config: LoaderConfig, worker_pids: tuple[int, ...]
+    ) -> None:
+        self.loader = loader
+        self.config = config
+        self.worker_pids = worker_pids
+        self.updates: int | None = None  # the clock's backward/optimizer count at its last batch
+
+
+# Steps the training loader may go without a batch before another loader that trains takes its
+# place (a job that moves on to a new loader); two loaders feeding every step keep the first.
+_TRAIN_LOADER_IDLE_STEPS = 2
+
+
+def _loader_batch(probe: Probe, seen: _SeenLoader) -> None:
+    """A batch from ``seen``'s loader: it trains when a backward or an optimizer step came
+    between its previous batch and this one. The rank then reports its settings and workers."""
+    clock = probe.clock
+    before, seen.updates = seen.updates, clock.updates
+    train = probe.train_loader() if probe.train_loader is not None else None
+    loader = seen.loader()
+    if loader is None:
+        return
+    if train is loader:
+        probe.train_loader_step = clock.steps
+        if probe.loader is not seen.config:  # a new epoch's workers
+            probe.loader, probe.worker_pids = seen.config, seen.worker_pids
+        return
+    if before is None or before == clock.updates:
+        return  # no training between its batches: an evaluation loop, or its first batch
+    if train is not None and clock.steps - probe.train_loader_step <= _TRAIN_LOADER_IDLE_STEPS:
+        return
+    probe.train_loader = seen.loader
+    probe.train_loader_step = clock.steps
+    probe.loader, probe.worker_pids = seen.config, seen.worker_pids
 
 
 def _loader_config(loader: Any) -> LoaderConfig:

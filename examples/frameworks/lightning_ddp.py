@@ -1,7 +1,9 @@
 """A PyTorch Lightning job: ``Trainer(strategy="ddp" or "ddp_spawn", accelerator="cpu",
 devices=2)``. Lightning runs forward and backward inside ``optimizer.step(closure)``.
 
-Faults: see ``workload.py``.
+Faults: see ``workload.py``. ``--val-every N`` validates every N steps (the sanity check
+first) on a loader of its own with ``--val-workers`` workers, as jobs often give their
+validation other workers than their training.
 
     python examples/frameworks/lightning_ddp.py --strategy ddp --fault starved
 """
@@ -18,9 +20,10 @@ from workload import BATCH, Fault, Samples, device_time, fault_parser
 
 
 class Classifier(L.LightningModule):
-    def __init__(self, fault: str, delay: float, steps: int) -> None:
+    def __init__(self, fault: str, delay: float, steps: int, val_workers: int = 0) -> None:
         super().__init__()
         self.fault, self.delay, self.steps = fault, delay, steps
+        self.val_workers = val_workers
         self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -40,11 +43,28 @@ class Classifier(L.LightningModule):
         data = Samples(self.steps * BATCH * 2, fault.read_s)
         return DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=0)
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y), sync_dist=True)
+
+    def val_dataloader(self) -> DataLoader:
+        fault = Fault.of(self.fault, self.delay, self.global_rank)
+        data = Samples(4 * BATCH * 2, fault.read_s)
+        return DataLoader(data, batch_size=BATCH, num_workers=self.val_workers)
+
 
 def main() -> None:
     p = fault_parser()
     p.add_argument("--strategy", choices=("ddp", "ddp_spawn"), default="ddp")
+    p.add_argument("--val-every", type=int, default=0, help="steps between validations")
+    p.add_argument("--val-workers", type=int, default=0)
     args = p.parse_args()
+    # Lightning validates every epoch once a module defines validation: only when asked here.
+    val = (
+        {"val_check_interval": args.val_every, "check_val_every_n_epoch": None}
+        if args.val_every
+        else {"limit_val_batches": 0}
+    )
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -55,8 +75,9 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tempfile.mkdtemp(prefix="lightning-"),
+        **val,
     )
-    trainer.fit(Classifier(args.fault, args.delay, args.steps))
+    trainer.fit(Classifier(args.fault, args.delay, args.steps, args.val_workers))
     # Under ddp_spawn the ranks trained in spawned processes: this one only launched them.
     if trainer.global_rank == 0:
         print("fit done", flush=True)

@@ -224,3 +224,29 @@ def test_phases_add_up_to_the_step(
         )
         # CPU jobs copy nothing to a device: the copy phase holds no waits.
         assert r["h2d_s"] is None or r["h2d_s"] <= 0.05 * step, r
+
+
+def test_validation_loader_is_not_taken_for_the_training_loader(
+    ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Lightning validates every 10 steps on a loader with 2 workers while rank 1's training
+    loader (no workers) starves it: the fix starts from the training loader's num_workers 0,
+    not from the validation loader iterated last (which read "num_workers 2 -> 6")."""
+    pytest.importorskip("lightning")
+    fw = FRAMEWORKS["lightning_ddp"]
+    val = ("--val-every", "10", "--val-workers", "2")
+    run = run_auditor(
+        ["--quiet", "--address", ray_address],
+        [*fw.command, "--fault", "starved", "--steps", str(STEPS), *val],
+        tmp=tmp_path_factory.mktemp("lightning-val"),
+        env=base_env(),
+        timeout=240,
+    )
+    report = _checked(run)
+    f = _blamed(report, "data_starvation")
+    assert f["ranks"] == [1], f
+    assert f["severity"] in SEVERE, f
+    assert f["fixes"]["1"].startswith("num_workers 0 -> "), f["fixes"]
+    _no_warning_blames_rank_0(report)
+    for r in report["ranks"]:
+        assert r["loader"]["num_workers"] == 0, r["loader"]

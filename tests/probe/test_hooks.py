@@ -25,6 +25,9 @@ PLAIN = ["--loader", "--accum=2", f"--batches={BATCHES}", f"--batch={BATCH}", "-
 SCENARIOS: dict[str, dict[str, object]] = {
     "ddp_loader": {"args": [*DDP, "--loader", "--item-sleep=0.005"]},
     "ddp_workers": {"args": [*DDP, "--loader", "--workers=2", "--item-sleep=0.005"]},
+    # Training on a loader without workers, evaluating every 2 batches (the last time after the
+    # last step) on one with 2 workers.
+    "eval_loader": {"args": [*DDP, "--loader", "--eval-every=2", "--eval-workers=2"]},
     "hook_before": {"args": [*DDP, "--hook=before"]},
     "hook_after": {"args": [*DDP, "--hook=after"]},
     "builtin": {"args": [*DDP, "--hook=builtin"]},
@@ -123,6 +126,21 @@ def test_ddp_loader_workers_are_declared_and_never_report(jobs: dict[str, JobRes
     # Forked workers inherit the probe but stay silent: one connection, from the rank itself.
     assert res.connections == 1
     assert res.infos[0].pid == res.pid
+
+
+def test_the_training_loader_is_reported_not_the_evaluation_loader(
+    jobs: dict[str, JobResult],
+) -> None:
+    res = ok(jobs["eval_loader"])
+    # The evaluation's batches fold into the steps: one step per optimizer step all the same.
+    assert [s.step for s in res.steps] == list(range(BATCHES))
+    # The evaluation loader was iterated last, with 2 workers: the rank still reports the loader
+    # its steps trained on, and its workers (none), not the evaluation's.
+    info = res.infos[0]
+    assert info.loader is not None and info.loader.num_workers == 0, info.loader
+    assert info.loader.sampler == "SequentialSampler" and info.loader.dataset == "Items"
+    declared = [w for r, pid, w in res.workers if r == 0 and pid == res.pid]
+    assert not any(declared), res.workers
 
 
 # --- the script's own communication hooks -----------------------------------------------------

@@ -24,6 +24,9 @@ p.add_argument("--batches", type=int, default=6)
 p.add_argument("--batch", type=int, default=4)
 p.add_argument("--accum", type=int, default=1)
 p.add_argument("--item-sleep", type=float, default=0.0)
+# An evaluation loop (forward only, on a loader of its own) after every N training batches.
+p.add_argument("--eval-every", type=int, default=0)
+p.add_argument("--eval-workers", type=int, default=0)
 p.add_argument(
     "--hook", choices=["none", "before", "after", "builtin", "builtin-after"], default="none"
 )
@@ -71,6 +74,14 @@ def batches():
         for b in range(args.batches):
             items = [ds[b * args.batch + j] for j in range(args.batch)]
             yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+def evaluate() -> None:
+    data = torch.utils.data.Subset(Items(), range(2 * args.batch))
+    loader = torch.utils.data.DataLoader(data, batch_size=args.batch, num_workers=args.eval_workers)
+    with torch.no_grad():
+        for x, _ in loader:
+            model(x)
 
 
 def counting_hook(state, bucket):
@@ -122,6 +133,8 @@ for i, (x, y) in enumerate(batches()):
         print(f"LOSS{i}={loss.item() * args.accum:.6f}")
     if i == 0 and args.ddp and args.hook in ("after", "builtin-after"):
         register(model)
+    if args.eval_every and (i + 1) % args.eval_every == 0:
+        evaluate()
 
 # Reference: the same updates, computed functionally (invisible to the probe). A builtin
 # FP16_COMPRESS hook rounds the gradients of the steps it ran for (from the first, or from the
