@@ -8,8 +8,12 @@ batch costs (``cpu_s``), and their ratio, the cores the loading used while it lo
   probe's ``thread_time`` around the loader's ``__next__``);
 * ``a`` workers: psutil measures each worker's CPU (cores). A worker that cannot keep up loads
   all the time, delivering one batch per ``load_s = a * step`` (the rank consumes one batch
-  per step), at ``cpu_s = (its cores) * load_s``. Only for a rank that waits for data: a worker
-  that keeps up sleeps on a full queue, and its low CPU then says nothing about I/O.
+  per step), at ``cpu_s = (its cores) * load_s``. ``step`` is the rank's mean step
+  (:attr:`RankStats.mean_step_s`), not a median: such workers deliver in rounds of ``a``
+  batches, so the steps alternate one long wait with ``a - 1`` short steps, and a median lands
+  on either kind (2 workers at 200 ms a batch: steps of 36 and 165 ms, whose weighted median,
+  155 ms, read ``load_s`` as 311 ms). Only for a rank that waits for data: a worker that keeps
+  up sleeps on a full queue, and its low CPU then says nothing about I/O.
 
 Decision: loading is I/O-bound when it used less than ``io_bound_share`` of the CPU a CPU-bound
 loader would get on its host (it sat waiting on storage or the network), CPU-bound otherwise,
@@ -155,7 +159,8 @@ def loading_cost(
         cpu_s = None if s.data_cpu_s is None else min(s.data_cpu_s, s.data_wait_s)
         missing = "" if cpu_s is not None else "the main thread's CPU during the data wait"
     else:
-        load_s = workers * s.step_s
+        # The pace, a mean over the workers' rounds: a median lands on a long or a short step.
+        load_s = workers * (s.step_s if s.mean_step_s is None else s.mean_step_s)
         each = s.worker_cpu_each
         cpu_s = None if each is None else each * load_s
         missing = "" if cpu_s is not None else "the DataLoader workers' CPU"

@@ -6,13 +6,23 @@ steps that took 30 s outweigh 250 fast ones that took 7 s (an unweighted median 
 that job fast, and a fault that started midway would vanish from the verdict). A step's weight
 is capped at ``WEIGHT_CAP`` times the plain median step, so one long stall (a checkpoint save,
 an evaluation) counts like a few slow steps and never decides alone.
+
+The pace of a rank whose DataLoader has ``w >= 2`` workers is a mean, not a median: workers that
+cannot keep up deliver their batches in rounds of ``w`` (started together, they finish
+together), so its steps alternate one long wait with ``w - 1`` short steps, and any median lands
+on one kind of step, never on the pace (a real job: 2 workers, 200 ms a batch, steps of 36 ms
+and 165 ms; the duration-weighted median said 155 ms, the pace is 100 ms). ``mean_step_s``,
+``mean_data_wait_s`` and ``mean_collective_wait_s`` average each round of ``w`` consecutive
+steps (one batch from each worker) and take the duration-weighted median of those rounds: the
+mean within a round, where the bursts are; the median across rounds, so a rare outlier (an
+evaluation, a checkpoint save) moves one round's mean and still cannot decide alone.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from auditor.samples import LoaderConfig, ProcessCpu, RankInfo, StepSample
@@ -69,6 +79,36 @@ class RankStats:
     # counted in each), and of its main process; None where never sampled.
     worker_rss_bytes: float | None = None
     main_rss_bytes: float | None = None
+    # The pace per step: step, data wait and collective wait averaged over each round of the
+    # loader's ``w`` workers (``w`` consecutive steps), the duration-weighted median over the
+    # rounds (see the module docstring). The medians themselves where ``w <= 1`` (no rounds)
+    # and where a window is one sample (already a mean); None where not computed (a RankStats
+    # built by hand): the medians stand in (:meth:`paced`).
+    mean_step_s: float | None = None
+    mean_data_wait_s: float | None = None
+    mean_collective_wait_s: float | None = None
+    # ``collective_ops`` at the same pace (rounds' means by operation); None where not computed.
+    mean_collective_ops: Mapping[str, float] | None = field(default=None, compare=False)
+
+    def paced(self) -> RankStats:
+        """These figures with the step, data wait and collective wait per step taken at the
+        rank's pace (the ``mean_*`` figures): what a loader with workers that cannot keep up is
+        judged by. The same figures where no mean was computed."""
+        if self.mean_step_s is None:
+            return self
+        return replace(
+            self,
+            step_s=self.mean_step_s,
+            data_wait_s=self.data_wait_s
+            if self.mean_data_wait_s is None
+            else self.mean_data_wait_s,
+            collective_wait_s=self.collective_wait_s
+            if self.mean_collective_wait_s is None
+            else self.mean_collective_wait_s,
+            collective_ops=self.collective_ops
+            if self.mean_collective_ops is None
+            else self.mean_collective_ops,
+        )
 
     @property
     def local_s(self) -> float:
@@ -165,7 +205,8 @@ def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
 WEIGHT_CAP = 5.0
 
 
-def _wmed(steps: Sequence[StepSample], field: str, cap: float) -> float | None:
+def _wmed(steps: Sequence[Any], field: str, cap: float) -> float | None:
+    """The duration-weighted median of ``field`` over step samples (or rounds of them)."""
     if len(steps) == 1:  # one (possibly aggregated) sample: its value is the median
         value = getattr(steps[0], field)
         return None if value is None else float(value)
@@ -185,7 +226,7 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
     return float(statistics.median(present)) if present else None
 
 
-def _ops_median(steps: Sequence[StepSample], cap: float) -> dict[str, float] | None:
+def _ops_median(steps: Sequence[Any], cap: float) -> dict[str, float] | None:
     """Per-operation weighted median wait over the steps that reported their operations."""
     rows = [s for s in steps if s.collective_ops is not None]
     if not rows:
@@ -200,23 +241,110 @@ def _ops_median(steps: Sequence[StepSample], cap: float) -> dict[str, float] | N
     }
 
 
+@dataclass(frozen=True)
+class _Round:
+    """The mean of consecutive steps (one round of the loader's workers), as a sample of
+    ``count`` steps for :func:`_wmed`."""
+
+    step_s: float
+    data_wait_s: float
+    collective_wait_s: float | None
+    # Mean wait by operation over the steps that reported theirs; None where none did.
+    collective_ops: Mapping[str, float] | None
+    count: int
+
+
+def _rounds(steps: Sequence[StepSample], workers: int) -> list[_Round]:
+    """The steps in rounds of ``workers`` consecutive steps (counted by ``count``), each round
+    their mean. The oldest steps that fill no round are left out; all of them make one round
+    where they fill none."""
+    out: list[_Round] = []
+    group: list[StepSample] = []
+    n = 0
+    for s in reversed(steps):  # newest first: a partial round is the oldest
+        group.append(s)
+        n += s.count
+        if n >= workers:
+            out.append(_round(group))
+            group, n = [], 0
+    if group and not out:
+        out.append(_round(group))
+    out.reverse()
+    return out
+
+
+def _round(group: Sequence[StepSample]) -> _Round:
+    n = sum(s.count for s in group)
+    waits = [(s.collective_wait_s, s.count) for s in group if s.collective_wait_s is not None]
+    rows = [s for s in group if s.collective_ops is not None]
+    ops: dict[str, float] | None = None
+    if rows:
+        total = sum(s.count for s in rows)
+        ops = {}
+        for s in rows:
+            for name, wait in (s.collective_ops or {}).items():
+                ops[name] = ops.get(name, 0.0) + float(wait) * s.count / total
+    return _Round(
+        step_s=sum(s.step_s * s.count for s in group) / n,
+        data_wait_s=sum(s.data_wait_s * s.count for s in group) / n,
+        collective_wait_s=sum(w * c for w, c in waits) / sum(c for _, c in waits)
+        if waits
+        else None,
+        collective_ops=ops,
+        count=n,
+    )
+
+
+def _loader_workers(view: RankSamples) -> int:
+    """The rank's DataLoader workers: its setting, else the most the node agent saw."""
+    loader = view.info.loader
+    if loader is not None:
+        return loader.num_workers
+    return max((c.workers for c in view.cpu), default=0)
+
+
+def _paces(steps: Sequence[StepSample], workers: int, medians: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``mean_step_s``, ``mean_data_wait_s``, ``mean_collective_wait_s``,
+    ``mean_collective_ops``: the duration-weighted median over rounds of ``workers`` steps of
+    each round's mean; ``medians`` (the step, data wait, collective wait and per-operation
+    medians) where there are no rounds (``workers <= 1``)."""
+    rounds = _rounds(steps, workers) if workers > 1 else []
+    if not rounds:
+        return medians
+    # The weight cap as for steps: a round holding an evaluation counts like a few slow ones.
+    cap = WEIGHT_CAP * median([r.step_s for r in rounds])
+    return (
+        _wmed(rounds, "step_s", cap) or 0.0,
+        _wmed(rounds, "data_wait_s", cap) or 0.0,
+        _wmed(rounds, "collective_wait_s", cap),
+        _ops_median(rounds, cap),
+    )
+
+
 def rank_stats(view: RankSamples) -> RankStats:
     steps = view.steps
     if len(steps) == 1:
         return _one_sample_stats(view, steps[0])
     cap = WEIGHT_CAP * median([s.step_s for s in steps]) if steps else 0.0
+    step_s = _wmed(steps, "step_s", cap) or 0.0
+    data_wait_s = _wmed(steps, "data_wait_s", cap) or 0.0
+    collective_wait_s = _wmed(steps, "collective_wait_s", cap)
+    collective_ops = _ops_median(steps, cap)
+    mean_step_s, mean_data_wait_s, mean_collective_wait_s, mean_collective_ops = _paces(
+        steps, _loader_workers(view), (step_s, data_wait_s, collective_wait_s, collective_ops)
+    )
     return RankStats(
         rank=view.info.rank,
         host=view.info.host,
         device=view.info.device,
         steps=sum(s.count for s in steps),
-        step_s=_wmed(steps, "step_s", cap) or 0.0,
-        data_wait_s=_wmed(steps, "data_wait_s", cap) or 0.0,
+        step_s=step_s,
+        data_wait_s=data_wait_s,
         h2d_s=_wmed(steps, "h2d_s", cap) or 0.0,
         forward_s=_wmed(steps, "forward_s", cap) or 0.0,
         backward_s=_wmed(steps, "backward_s", cap) or 0.0,
         optimizer_s=_wmed(steps, "optimizer_s", cap) or 0.0,
-        collective_wait_s=_wmed(steps, "collective_wait_s", cap),
+        collective_wait_s=collective_wait_s,
         compute_s=_wmed(steps, "compute_s", cap) or 0.0,
         batch_size=_wmed(steps, "batch_size", cap),
         loader=view.info.loader,
@@ -224,8 +352,12 @@ def rank_stats(view: RankSamples) -> RankStats:
         mem_allocated_bytes=median_or_none([s.mem_allocated_bytes for s in steps]),
         mem_peak_bytes=median_or_none([s.mem_peak_bytes for s in steps]),
         data_cpu_s=_wmed(steps, "data_cpu_s", cap),
-        collective_ops=_ops_median(steps, cap),
+        collective_ops=collective_ops,
         **_cpu_stats(view),
+        mean_step_s=mean_step_s,
+        mean_data_wait_s=mean_data_wait_s,
+        mean_collective_wait_s=mean_collective_wait_s,
+        mean_collective_ops=mean_collective_ops,
     )
 
 
@@ -233,6 +365,11 @@ def _one_sample_stats(view: RankSamples, s: StepSample) -> RankStats:
     """A window of one sample (``auditor serve`` rebuilds each rank's window as its mean): its
     figures are the medians. The same values as the general path, without its per-field
     median machinery, which cost most of the rules' time at 4,096 ranks."""
+    ops = (
+        None
+        if s.collective_ops is None
+        else {name: float(s.collective_ops[name]) for name in sorted(s.collective_ops)}
+    )
     return RankStats(
         rank=view.info.rank,
         host=view.info.host,
@@ -252,10 +389,13 @@ def _one_sample_stats(view: RankSamples, s: StepSample) -> RankStats:
         mem_allocated_bytes=_float(s.mem_allocated_bytes),
         mem_peak_bytes=_float(s.mem_peak_bytes),
         data_cpu_s=_float(s.data_cpu_s),
-        collective_ops=None
-        if s.collective_ops is None
-        else {name: float(s.collective_ops[name]) for name in sorted(s.collective_ops)},
+        collective_ops=ops,
         **_cpu_stats(view),
+        # One sample is a mean already (``auditor serve``: total / steps over the window).
+        mean_step_s=_float(s.step_s) or 0.0,
+        mean_data_wait_s=_float(s.data_wait_s) or 0.0,
+        mean_collective_wait_s=_float(s.collective_wait_s),
+        mean_collective_ops=ops,
     )
 
 

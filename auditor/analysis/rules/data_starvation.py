@@ -1,6 +1,12 @@
 """data_starvation: a rank that spends a large share of its step waiting for its next batch.
 
-Metric: per rank, the median time blocked in the DataLoader's ``__next__`` as a share of the step.
+Metric: per rank, the time blocked in the DataLoader's ``__next__`` per step as a share of the
+step, both at the rank's pace (:meth:`RankStats.paced`): with ``w >= 2`` workers, the mean over
+each round of ``w`` steps (workers that cannot keep up deliver in rounds: one long wait, then
+``w - 1`` short steps, and a median lands on one kind or the other), the duration-weighted
+median over those rounds (an evaluation or a checkpoint save still cannot decide alone); the
+medians themselves with 0 or 1 worker, whose waits come every step. Every figure below (load
+time, pace, speed-up) reads the same paced figures, the peers' too.
 Decision: starved when the share is at least ``min_wait_ratio`` and the wait is at least
 ``min_wait_s`` (so microsecond waits on very fast steps do not count).
 
@@ -13,7 +19,8 @@ loading (little CPU while it loads) or CPU-bound loading.
 
 * per-batch load time ``L``: with ``num_workers == 0`` the main process loads, so ``L`` is the
   data wait itself; with ``a`` workers that cannot keep up, each worker delivers one batch per
-  ``L`` seconds and the rank consumes one per step, so ``L ~= a * step``;
+  ``L`` seconds and the rank consumes one per step, so ``L ~= a * step`` (the mean step: ``a``
+  batches per ``L``);
 * the target pace ``T``: the rank's own work per step without the data wait, or the job's
   slowest rank's, whichever is longer (faster than the job's pace buys nothing). Ranks whose
   collective wait was not measured are left out of the job's pace: their waiting for the
@@ -87,7 +94,8 @@ class StarvedRank:
 
 @dataclass(frozen=True)
 class Wait:
-    """The worst-starved rank's median data wait against its step."""
+    """The worst-starved rank's data wait per step against its step (at its pace:
+    :meth:`RankStats.paced`)."""
 
     rank: int
     data_wait_s: float
@@ -97,8 +105,9 @@ class Wait:
 
 @dataclass(frozen=True)
 class PeersWait:
-    """The unstarved ranks' median collective wait per step for the starved, and the
-    operations they wait in (largest first; empty where none was reported)."""
+    """The unstarved ranks' collective wait per step for the starved (median over them, each at
+    its pace), and the operations they wait in (largest first; empty where none was
+    reported)."""
 
     ranks: tuple[int, ...]
     wait_s: float
@@ -138,7 +147,7 @@ def detect(
             CPU-bound workers for them (the engine passes them, :mod:`auditor.analysis.causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_wait_ratio: data wait as a share of the step that counts as starved (0.15 = 15%).
-        min_wait_s: smallest median wait per step that counts, in seconds.
+        min_wait_s: smallest wait per step (at the rank's pace) that counts, in seconds.
         warn_wait_ratio: data wait share at which the finding is at least a warning, whatever
             the predicted speed-up (or where none could be predicted).
         margin: head-room on the worker count so a burst of slow batches does not stall.
@@ -149,7 +158,8 @@ def detect(
         cheaper_factor: how much cheaper the "make loading cheaper" fix is assumed to make
             loading, for its predicted speed-up (2.0 = half the cost).
     """
-    stats = snapshot.ready(min_steps)
+    # At each rank's pace: with workers, the mean step and wait over their rounds of arrivals.
+    stats = {r: s.paced() for r, s in snapshot.ready(min_steps).items()}
     starved = {
         r: s
         for r, s in stats.items()
