@@ -69,6 +69,22 @@ class RankStats:
     # counted in each), and of its main process; None where never sampled.
     worker_rss_bytes: float | None = None
     main_rss_bytes: float | None = None
+    # Median micro-batches per step (gradient accumulation: DataLoader batches per optimizer
+    # step); ``batch_size`` stays samples per step. 1 without accumulation.
+    micro_batches: float = 1.0
+
+    @property
+    def accumulated(self) -> int:
+        """Micro-batches per step as a whole number (1 without accumulation)."""
+        return max(1, round(self.micro_batches))
+
+    @property
+    def micro_batch_size(self) -> float | None:
+        """Samples per micro-batch: the DataLoader's batch, the unit the user sets and the one
+        batch advice speaks in (the batch size itself without accumulation)."""
+        if self.batch_size is None or self.micro_batches <= 1:
+            return self.batch_size
+        return self.batch_size / self.micro_batches
 
     @property
     def local_s(self) -> float:
@@ -225,6 +241,7 @@ def rank_stats(view: RankSamples) -> RankStats:
         mem_peak_bytes=median_or_none([s.mem_peak_bytes for s in steps]),
         data_cpu_s=_wmed(steps, "data_cpu_s", cap),
         collective_ops=_ops_median(steps, cap),
+        micro_batches=_wmed(steps, "micro_batches", cap) or 1.0,
         **_cpu_stats(view),
     )
 
@@ -255,6 +272,7 @@ def _one_sample_stats(view: RankSamples, s: StepSample) -> RankStats:
         collective_ops=None
         if s.collective_ops is None
         else {name: float(s.collective_ops[name]) for name in sorted(s.collective_ops)},
+        micro_batches=float(s.micro_batches),
         **_cpu_stats(view),
     )
 
