@@ -143,6 +143,10 @@ class StepSample:
     # Collective wait of this step by operation (e.g. {"allreduce": 0.031, "all_gather": 0.002});
     # the values add up to ``collective_wait_s``. None: not measured.
     collective_ops: dict[str, float] | None = None
+    # Micro-batches of this step: the DataLoader batches it consumed (gradient accumulation
+    # folds several into one optimizer step); ``batch_size`` is their sum. 1 without
+    # accumulation, from older probes and recordings, and in ``auditor serve``'s samples.
+    micro_batches: int = 1
     # Steps this sample stands for: 1 from the probe; more when ``auditor serve`` rebuilds the
     # mean step of a scrape interval from Prometheus counters. Statistics weight by it.
     count: int = 1
@@ -153,7 +157,10 @@ class StepSample:
         return _WIRE_FIELDS
 
     def to_row(self) -> list[Any]:
-        return [getattr(self, name) for name in _WIRE_FIELDS]
+        row = [getattr(self, name) for name in _WIRE_FIELDS]
+        if self.micro_batches == 1:
+            row.pop()  # without accumulation the row is what it was before micro_batches
+        return row
 
     @classmethod
     def from_row(cls, row: list[Any]) -> StepSample:
@@ -173,6 +180,14 @@ class StepSample:
         return replace(self, backward_s=max(0.0, self.backward_s - self.collective_wait_s))
 
     @property
+    def micro_batch_size(self) -> float | None:
+        """Samples per micro-batch (the DataLoader's batch, what the user sets): ``batch_size``
+        over ``micro_batches``; the batch size itself without accumulation."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size / self.micro_batches if self.micro_batches > 1 else self.batch_size
+
+    @property
     def compute_s(self) -> float:
         """Local work apart from data: h2d, forward, backward (its wait excluded), optimizer."""
         return self.h2d_s + self.forward_s + self.backward_s + self.optimizer_s
@@ -188,6 +203,9 @@ class StepSample:
 
 # ``count`` stays off the wire: a rank always sends single steps.
 _WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample) if f.name != "count")
+# ``micro_batches`` is the last wire field: a row without it (an older probe, or no
+# accumulation) reads as 1.
+assert _WIRE_FIELDS[-1] == "micro_batches"
 # Rows from a probe that predates ``data_cpu_s`` end at ``mem_peak_bytes``.
 _MIN_WIRE_FIELDS = _WIRE_FIELDS.index("mem_peak_bytes") + 1
 

@@ -79,6 +79,9 @@ class BudgetModel:
     capacity_bytes: float | None
     capacity_source: str
     world_size: int = 1
+    # Micro-batches per step (gradient accumulation): ``batch`` is then the micro-batch, the
+    # one whose activations are alive at a time.
+    accumulated: int = 1
 
     @property
     def rank(self) -> int:
@@ -221,6 +224,7 @@ class BudgetModel:
             "fixed_bytes": self.fixed_bytes,
             "activations_per_sample_bytes": _round(self.per_sample_bytes),
             "current_batch": self.batch,
+            **({"micro_batches": self.accumulated} if self.accumulated > 1 else {}),
             "activation_bytes": _round(self.activation_bytes),
             "device_outside_bytes": b.device_outside_bytes,
             "device_peak_bytes": b.device_peak_bytes,
@@ -260,10 +264,16 @@ def host_short(budget: MemoryBudget, short_ratio: float) -> bool:
 
 
 def model_for(
-    budget: MemoryBudget, *, batch: int | None, margin: float, world_size: int
+    budget: MemoryBudget,
+    *,
+    batch: int | None,
+    margin: float,
+    world_size: int,
+    accumulated: int = 1,
 ) -> BudgetModel:
+    """``batch``: the micro-batch under gradient accumulation (``accumulated`` per step)."""
     cap, source = capacity(budget, margin=margin, batch=batch)
-    return BudgetModel(budget, batch, cap, source, max(1, world_size))
+    return BudgetModel(budget, batch, cap, source, max(1, world_size), max(1, accumulated))
 
 
 def _round(v: float | None) -> int | None:

@@ -227,10 +227,12 @@ def fit_memory(
 
     ``gpu`` and ``samples`` are the rank's (heaviest) GPU and its NVML samples, if any.
     """
+    # Against the micro-batch: under gradient accumulation one micro-batch's activations are
+    # alive at a time (the step's batch without accumulation).
     sized = [s for s in view.steps if s.batch_size]
     for field in ("mem_peak_bytes", "mem_allocated_bytes"):
         pts = [
-            (float(s.batch_size or 0), float(v))
+            (float(s.micro_batch_size or 0), float(v))
             for s in sized
             if (v := getattr(s, field)) is not None
         ]
@@ -253,8 +255,19 @@ def fit_memory(
         i = bisect.bisect_left(ends, d.time)
         if i >= len(ordered) or (i == 0 and d.time < ends[0] - ordered[0].step_s):
             continue  # before the first step or after the last: no batch in progress
-        matched.append((float(ordered[i].batch_size or 0), float(d.mem_used_bytes)))
+        matched.append((float(ordered[i].micro_batch_size or 0), float(d.mem_used_bytes)))
     return _fit(view.info.rank, matched, "nvml mem_used_bytes")
+
+
+def latest_micro_batch(view: RankView | None) -> tuple[int | None, int]:
+    """The rank's latest batch in the unit memory grows with and the user sets: the micro-batch
+    (the step's batch without accumulation), and the micro-batches of that step; (None, 1)
+    where no step had a known batch."""
+    if view is not None:
+        for s in reversed(view.steps):
+            if s.batch_size:
+                return round(s.micro_batch_size or 0) or None, max(1, s.micro_batches)
+    return None, 1
 
 
 def _fit(rank: int, pts: Sequence[tuple[float, float]], source: str) -> MemoryFit | None:

@@ -110,6 +110,23 @@ class RankStats:
             else self.mean_collective_ops,
         )
 
+    # Median micro-batches per step (gradient accumulation: DataLoader batches per optimizer
+    # step); ``batch_size`` stays samples per step. 1 without accumulation.
+    micro_batches: float = 1.0
+
+    @property
+    def accumulated(self) -> int:
+        """Micro-batches per step as a whole number (1 without accumulation)."""
+        return max(1, round(self.micro_batches))
+
+    @property
+    def micro_batch_size(self) -> float | None:
+        """Samples per micro-batch: the DataLoader's batch, the unit the user sets and the one
+        batch advice speaks in (the batch size itself without accumulation)."""
+        if self.batch_size is None or self.micro_batches <= 1:
+            return self.batch_size
+        return self.batch_size / self.micro_batches
+
     @property
     def local_s(self) -> float:
         """Time per step the rank spends on its own work, i.e. not waiting for its peers."""
@@ -353,6 +370,7 @@ def rank_stats(view: RankSamples) -> RankStats:
         mem_peak_bytes=median_or_none([s.mem_peak_bytes for s in steps]),
         data_cpu_s=_wmed(steps, "data_cpu_s", cap),
         collective_ops=collective_ops,
+        micro_batches=_wmed(steps, "micro_batches", cap) or 1.0,
         **_cpu_stats(view),
         mean_step_s=mean_step_s,
         mean_data_wait_s=mean_data_wait_s,
@@ -390,6 +408,7 @@ def _one_sample_stats(view: RankSamples, s: StepSample) -> RankStats:
         mem_peak_bytes=_float(s.mem_peak_bytes),
         data_cpu_s=_float(s.data_cpu_s),
         collective_ops=ops,
+        micro_batches=float(s.micro_batches),
         **_cpu_stats(view),
         # One sample is a mean already (``auditor serve``: total / steps over the window).
         mean_step_s=_float(s.step_s) or 0.0,

@@ -2,8 +2,9 @@
 
 A step is one iteration of the training loop that ends in an optimizer step: it starts when the
 loop asks the DataLoader for a batch and ends when it asks for the next one after
-``optimizer.step()`` (gradient accumulation folds several batches into one step). Loops without a
-DataLoader close a step at each optimizer step.
+``optimizer.step()`` (gradient accumulation folds several batches into one step: the step counts
+them, ``StepSample.micro_batches``, and sums their sizes, ``batch_size``; a counter on the hot
+path). Loops without a DataLoader close a step at each optimizer step.
 
 Exclusive phases. Frameworks nest the phases in each other: Lightning runs forward and backward
 inside ``optimizer.step(closure)``, Hugging Face's Trainer gathers a token count across ranks
@@ -127,6 +128,9 @@ class PendingStep:
     collectives_seen: bool
     spans: list[Span] = field(default_factory=list)
     memory: tuple[int | None, int | None, int | None] = (None, None, None)
+    # The DataLoader batches of known size the step consumed (its micro-batches; several under
+    # gradient accumulation); 1 where it saw none.
+    micro_batches: int = 1
 
 
 class StepClock:
@@ -188,6 +192,7 @@ class StepClock:
         self._data_cpu = 0.0
         self._data_seen = False
         self._batch = 0
+        self._batches = 0
         self._batch_known = False
         self._spans: list[Span] = []
         self._opt_done = False
@@ -274,6 +279,7 @@ class StepClock:
             self._data_seen = True
         if batch_size is not None:
             self._batch += batch_size
+            self._batches += 1
             self._batch_known = True
         if self._stack and self._stack[-1][0] == PHASE_DATA:
             self._close_phase(PHASE_DATA)
@@ -374,6 +380,7 @@ class StepClock:
                 collectives_seen=self._coll_seen,
                 spans=self._spans,
                 memory=self._memory() if self._memory else (None, None, None),
+                micro_batches=max(1, self._batches),
             )
         )
         self.steps += 1
@@ -438,4 +445,5 @@ class StepClock:
             mem_peak_bytes=peak,
             data_cpu_s=p.data_cpu_s,
             collective_ops=ops if measured else None,
+            micro_batches=p.micro_batches,
         )

@@ -452,6 +452,8 @@ def _rank(
                 "mem_peak_bytes": peak,
                 "data_cpu_s": None,
                 "collective_ops": None,
+                # Serve carries no micro-batch count (no metric for it): one per step.
+                "micro_batches": 1,
                 "count": count,
             },
         )
@@ -504,6 +506,7 @@ def _rank(
             "workers": workers,
             "worker_rss_bytes": None,
             "main_rss_bytes": None if not seen or rss is None else float(rss),
+            "micro_batches": 1.0,
         },
     )
     return view, stats

@@ -1,7 +1,8 @@
 """A Hugging Face ``Trainer`` job: a tiny GPT-2 built from a config (nothing downloaded) on
 synthetic token sequences, launched with torchrun on CPU.
 
-Faults: see ``workload.py`` (the loader here is the Trainer's, ``dataloader_num_workers=0``).
+Faults: see ``workload.py`` (the loader here is the Trainer's, ``dataloader_num_workers=0``);
+``--accumulate N`` sets ``gradient_accumulation_steps``.
 
     torchrun --nproc_per_node=2 examples/frameworks/hf_trainer.py --fault starved
 """
@@ -55,11 +56,12 @@ def main() -> None:
     config = GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     TimedGPT2.forward_s = fault.forward_s
     model = TimedGPT2(config)
-    data = Tokens(args.steps * BATCH * 2, fault.read_s)
+    data = Tokens(args.steps * BATCH * args.accumulate * 2, fault.read_s)
     training = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="hf-trainer-"),
         max_steps=args.steps,
         per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=args.accumulate,
         learning_rate=1e-3,
         use_cpu=True,
         dataloader_num_workers=0,

@@ -1,9 +1,10 @@
 """A PyTorch Lightning job: ``Trainer(strategy="ddp" or "ddp_spawn", accelerator="cpu",
 devices=2)``. Lightning runs forward and backward inside ``optimizer.step(closure)``.
 
-Faults: see ``workload.py``. ``--val-every N`` validates every N steps (the sanity check
-first) on a loader of its own with ``--val-workers`` workers, as jobs often give their
-validation other workers than their training.
+Faults: see ``workload.py``; ``--accumulate N`` sets ``accumulate_grad_batches``.
+``--val-every N`` validates every N steps (the sanity check first) on a loader of its own with
+``--val-workers`` workers, as jobs often give their validation other workers than their
+training.
 
     python examples/frameworks/lightning_ddp.py --strategy ddp --fault starved
 """
@@ -20,9 +21,12 @@ from workload import BATCH, Fault, Samples, device_time, fault_parser
 
 
 class Classifier(L.LightningModule):
-    def __init__(self, fault: str, delay: float, steps: int, val_workers: int = 0) -> None:
+    def __init__(
+        self, fault: str, delay: float, steps: int, val_workers: int = 0, accumulate: int = 1
+    ) -> None:
         super().__init__()
         self.fault, self.delay, self.steps = fault, delay, steps
+        self.accumulate = accumulate
         self.val_workers = val_workers
         self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
 
@@ -40,7 +44,7 @@ class Classifier(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         torch.set_num_threads(1)
         fault = Fault.of(self.fault, self.delay, self.global_rank)
-        data = Samples(self.steps * BATCH * 2, fault.read_s)
+        data = Samples(self.steps * BATCH * self.accumulate * 2, fault.read_s)
         return DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=0)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], idx: int) -> None:
@@ -75,9 +79,10 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tempfile.mkdtemp(prefix="lightning-"),
+        accumulate_grad_batches=args.accumulate,
         **val,
     )
-    trainer.fit(Classifier(args.fault, args.delay, args.steps, args.val_workers))
+    trainer.fit(Classifier(args.fault, args.delay, args.steps, args.val_workers, args.accumulate))
     # Under ddp_spawn the ranks trained in spawned processes: this one only launched them.
     if trainer.global_rank == 0:
         print("fit done", flush=True)

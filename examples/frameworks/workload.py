@@ -3,6 +3,7 @@ each rank's forward takes.
 
 ``--fault starved``: rank 1 reads each sample from slow storage (num_workers=0).
 ``--fault slow``: rank 1's model does extra work in forward (a sleep: device time, not host CPU).
+``--accumulate N`` (HF Trainer and Lightning): N micro-batches of ``BATCH`` per optimizer step.
 
 Ray Train's example keeps its own copy: its workers unpickle the training function where this
 folder is not importable.
@@ -29,6 +30,9 @@ def fault_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", choices=("none", "starved", "slow"), default="none")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--delay", type=float, default=0.04, help="seconds the fault costs per step")
+    # Gradient accumulation: micro-batches of BATCH per optimizer step (HF Trainer's
+    # gradient_accumulation_steps, Lightning's accumulate_grad_batches).
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     return p
 
 

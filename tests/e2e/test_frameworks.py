@@ -250,3 +250,34 @@ def test_validation_loader_is_not_taken_for_the_training_loader(
     _no_warning_blames_rank_0(report)
     for r in report["ranks"]:
         assert r["loader"]["num_workers"] == 0, r["loader"]
+
+
+def test_batch_advice_under_gradient_accumulation_is_per_micro_batch(
+    ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Lightning with ``accumulate_grad_batches=4``, micro-batches of 8, rank 1 slow in forward:
+    a step (optimizer step) holds 32 samples, but the user sets ``batch_size`` 8, so the
+    straggler's fix speaks of 8 per micro-batch (it said "batch_size 32 -> 14")."""
+    pytest.importorskip("lightning")
+    fw = FRAMEWORKS["lightning_ddp"]
+    steps = 20
+    run = run_auditor(
+        ["--quiet", "--address", ray_address],
+        [*fw.command, "--fault", "slow", "--steps", str(steps), "--accumulate", "4"],
+        tmp=tmp_path_factory.mktemp("lightning-accumulate"),
+        env=base_env(),
+        timeout=240,
+    )
+    report = run.report
+    assert report is not None, run.stderr[-4000:]
+    trained = all(steps - 2 <= r["steps"] <= steps for r in report["ranks"])
+    assert ended_well(run.returncode, run.stderr, finished=trained), run.stderr[-4000:]
+    assert trained, [r["steps"] for r in report["ranks"]]
+    for r in report["ranks"]:
+        assert r["batch_size"] == 32, r  # samples per optimizer step
+    f = _blamed(report, "compute_straggler")
+    assert f["ranks"] == [1], f
+    fix = f["fixes"]["1"]
+    assert "batch_size 8 -> " in fix and "(per micro-batch; 4 accumulated per step)" in fix, fix
+    assert "batch_size 32" not in fix, fix
+    _no_warning_blames_rank_0(report)

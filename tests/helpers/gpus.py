@@ -184,7 +184,8 @@ def _sample(
 
 
 class MemoryStore(SampleStore):
-    """A store whose steps carry the probe's memory: ``fixed + per_sample * batch`` bytes.
+    """A store whose steps carry the probe's memory: ``fixed + per_sample * batch`` bytes (the
+    micro-batch under gradient accumulation).
 
     Passed to :class:`JobBuilder` as its ``store``, so the builder's steps gain the memory fields
     the probe would report (``field``: ``mem_peak_bytes`` or ``mem_allocated_bytes``).
@@ -202,12 +203,13 @@ class MemoryStore(SampleStore):
 
     def add(self, batch: Batch) -> None:
         steps = tuple(
-            replace(s, **{self.field: self._bytes(s.batch_size)}) if s.batch_size else s
+            # One micro-batch's activations are alive at a time (gradient accumulation).
+            replace(s, **{self.field: self._bytes(s.micro_batch_size)}) if s.batch_size else s
             for s in batch.steps
         )
         super().add(replace(batch, steps=steps))
 
-    def _bytes(self, batch: int | None) -> int:
+    def _bytes(self, batch: float | None) -> int:
         value = self.fixed + self.per_sample * (batch or 0)
         return int(value * (1.0 + self._rng.uniform(-self.noise, self.noise)))
 

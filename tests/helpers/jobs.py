@@ -39,7 +39,10 @@ class RankSpec:
     # The rank's own backward compute; the wait at the all-reduce is added by the builder.
     backward: float = 0.060
     optimizer: float = 0.005
+    # Samples per step; with ``micro_batches`` > 1 (gradient accumulation) the DataLoader's
+    # batch is ``batch_size // micro_batches``.
     batch_size: int | None = 32
+    micro_batches: int = 1
     num_workers: int = 2
     pin_memory: bool = True
     persistent_workers: bool = True
@@ -122,7 +125,9 @@ class JobBuilder:
                 pin_memory=spec.pin_memory,
                 prefetch_factor=2 if spec.num_workers > 0 else None,
                 persistent_workers=spec.persistent_workers,
-                batch_size=spec.batch_size,
+                batch_size=None
+                if spec.batch_size is None
+                else spec.batch_size // spec.micro_batches,
                 drop_last=False,
                 sampler="DistributedSampler",
             )
@@ -179,6 +184,7 @@ class JobBuilder:
                     optimizer_s=p["optimizer"],
                     collective_wait_s=wait if spec.measure_wait else None,
                     batch_size=spec.batch_size,
+                    micro_batches=spec.micro_batches,
                 )
             )
             workers = (spec.worker_cpu,) * spec.num_workers if spec.worker_cpu is not None else ()

@@ -60,8 +60,11 @@ def batch_ramp(
     probe: str | None = "mem_peak_bytes",
     noise: float = 0.0,
     gpus: bool = True,
+    micro_batches: int = 1,
 ) -> Snapshot:
     """A DDP job whose batch ramps through ``batches``; memory follows ``a + b * batch``.
+    With ``micro_batches`` > 1 (gradient accumulation), ``batches`` are the micro-batches and
+    each step accumulates that many (its batch is ``micro_batches`` times larger).
 
     The probe reports ``probe`` (None: no memory from the probe); NVML sees the same plus
     ``overhead_gib`` (CUDA context and allocator cache).
@@ -73,10 +76,11 @@ def batch_ramp(
     )
     job = JobBuilder(balanced(world), store=store)
     for b in batches:
-        job.run(steps_each, [RankSpec().scaled(b / 32, batch_size=b)] * world)
+        spec = RankSpec(micro_batches=micro_batches).scaled(b / 32, batch_size=b * micro_batches)
+        job.run(steps_each, [spec] * world)
     if gpus:
         view = job.snapshot().ranks[0]
-        at = batch_at([(s.time, s.batch_size or 0) for s in view.steps])
+        at = batch_at([(s.time, round(s.micro_batch_size or 0)) for s in view.steps])
 
         def used(t: float) -> int:
             return int((fixed_gib + overhead_gib + per_sample_gib * at(t)) * GIB)

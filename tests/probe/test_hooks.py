@@ -83,6 +83,7 @@ def test_ddp_steps_arrive_with_every_phase(jobs: dict[str, JobResult]) -> None:
         assert s.rank == 0
         phases_fit(s)
         assert s.batch_size == BATCH
+        assert s.micro_batches == 1  # no accumulation: one loader batch per step
         # 4 items at >= 5 ms each are loaded in the loop's own process
         assert s.data_wait_s >= 0.015, s
         assert s.collective_wait_s is not None and s.collective_wait_s >= 0, s
@@ -194,11 +195,12 @@ def test_plain_loop_with_gradient_accumulation(jobs: dict[str, JobResult]) -> No
     info = res.infos[0]
     assert info.parallel_mode == "none" and info.rank == 0 and info.world_size == 1
     assert info.unmeasured == ()
-    # Two batches per optimizer step: three steps of 8 samples.
+    # Two batches per optimizer step: three steps of 8 samples, two micro-batches of 4 each.
     assert [s.step for s in res.steps] == [0, 1, 2]
     for s in res.steps:
         phases_fit(s)
         assert s.batch_size == 2 * BATCH
+        assert s.micro_batches == 2 and s.micro_batch_size == BATCH
         assert s.collective_wait_s is None
     assert res.printed("FWD_CALLS") == str(BATCHES)
 

@@ -140,6 +140,7 @@ def test_no_sync_accumulation(timer: str) -> None:
     next_step(r, 300)
     (s,) = r.steps()
     assert s.batch_size == 12
+    assert s.micro_batches == 3  # the step's DataLoader batches
     assert phases_ms(s) == {
         "data_wait": 15,
         "h2d": 6,
@@ -398,6 +399,31 @@ def test_unmeasured_gradient_wait_is_not_reported_partial() -> None:
     assert s.collective_wait_s is None and s.collective_ops is None
     assert phases_ms(s)["other"] == 5  # the wait is in no phase: other, not forward
     assert_adds_up(s)
+
+
+def test_micro_batches_count_the_step_loader_batches() -> None:
+    """Hugging Face's Trainer fetches a step's micro-batches up front, then runs them; the end
+    of an epoch (a fetch that yields nothing) is no micro-batch; no loader: one."""
+    r = Replay("host")
+    for t in (0, 2, 4, 6):
+        r.at(t, "data_begin").at(t + 1, "data_end", 8)
+    r.at(8, "data_begin").at(9, "data_end", None)  # StopIteration
+    for t in (10, 20, 30, 40):
+        r.at(t, "forward_begin").at(t + 4, "forward_end")
+        r.at(t + 4, "backward_begin").at(t + 9, "backward_end")
+    r.at(50, "optimizer_begin").at(51, "optimizer_end")
+    next_step(r, 52)
+    r.at(53, "data_end", 8)
+    r.at(54, "optimizer_begin").at(55, "optimizer_end")
+    next_step(r, 56)
+    first, second = r.steps()
+    assert (first.batch_size, first.micro_batches, first.micro_batch_size) == (32, 4, 8)
+    assert (second.batch_size, second.micro_batches) == (8, 1)
+    bare = Replay("host")
+    bare.at(0, "forward_begin").at(1, "forward_end").at(2, "optimizer_begin")
+    bare.at(3, "optimizer_end")
+    (s,) = bare.steps()
+    assert (s.batch_size, s.micro_batches) == (None, 1)
 
 
 def test_data_cpu_is_summed_per_step_and_unknown_without_a_loader() -> None:

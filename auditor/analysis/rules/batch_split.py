@@ -35,7 +35,7 @@ the largest chunk, the rest of the step (data, scatter, gather) stays; a batch o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.wording import ranks_text
@@ -62,6 +62,11 @@ class Facts:
     sample_weight: float
     averaged_by: str
     speeds_differ: bool
+    # Under gradient accumulation (empty without): each rank's micro-batches per step, its
+    # micro-batch (the DataLoader's batch, the unit the user sets) and the equal split in it.
+    accumulated: Mapping[int, int] = field(default_factory=dict)
+    micro: Mapping[int, float] = field(default_factory=dict)
+    micro_equal: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class DataParallelFacts:
     short: tuple[ShortGpu, ...]
     nearest: tuple[int, ...]
     even: tuple[int, ...]
+    # Micro-batches per step: ``batch`` is then the micro-batch, the one scattered per forward.
+    accumulated: int = 1
 
 
 def detect(
@@ -127,6 +134,7 @@ def detect(
     # The split by speed differs from the equal one: the ranks differ in speed, and keeping an
     # uneven split can be deliberate; it then needs loss weighting to stay correct.
     speeds_differ = any(abs(by_speed[r] - equal[r]) > max(1, 0.1 * equal[r]) for r in sized)
+    accumulated, micro, micro_equal = _micro_split(sized, equal)
     facts = Facts(
         batches={r: batches[r] for r in sorted(batches)},
         equal={r: equal[r] for r in sorted(equal)},
@@ -136,6 +144,9 @@ def detect(
         sample_weight=weight,
         averaged_by=averaged,
         speeds_differ=speeds_differ,
+        accumulated=accumulated,
+        micro=micro,
+        micro_equal=micro_equal,
     )
     evidence: dict[str, object] = {
         "batch_size": {str(r): round(b) for r, b in sorted(batches.items())},
@@ -148,6 +159,10 @@ def detect(
         "equalising_batch_size": {str(r): b for r, b in sorted(by_speed.items())},
         "global_batch": total,
     }
+    if accumulated:
+        evidence["micro_batches"] = {str(r): n for r, n in sorted(accumulated.items())}
+        evidence["micro_batch_size"] = {str(r): round(b, 1) for r, b in sorted(micro.items())}
+        evidence["equal_micro_batch_size"] = {str(r): b for r, b in sorted(micro_equal.items())}
     severity = severity_for(speedup)
     if averaged:
         evidence["gradient_weighting"] = (
@@ -169,6 +184,24 @@ def detect(
             predicted_speedup=speedup,
         )
     ]
+
+
+def _micro_split(
+    sized: Mapping[int, RankStats], equal: Mapping[int, int]
+) -> tuple[dict[int, int], dict[int, float], dict[int, int]]:
+    """Under gradient accumulation, each rank's micro-batches per step, its micro-batch size and
+    the equal split in micro-batch samples (the DataLoader's ``batch_size``, what the user
+    sets); empty where no rank accumulates. Where every rank accumulates alike, the micro-batches
+    are split equally; otherwise each rank's equal share per step over its own count."""
+    accumulated = {r: s.accumulated for r, s in sorted(sized.items())}
+    if all(n == 1 for n in accumulated.values()):
+        return {}, {}, {}
+    micro = {r: float(s.micro_batch_size or 0.0) for r, s in sorted(sized.items())}
+    if len(set(accumulated.values())) == 1:
+        split = equalising_split(round(sum(micro.values())), {r: 1.0 for r in micro})
+    else:
+        split = {r: max(1, round(equal[r] / accumulated[r])) for r in micro}
+    return accumulated, micro, {r: split[r] for r in sorted(split)}
 
 
 def _averages_gradients(snapshot: Snapshot, ranks: set[int]) -> str:
@@ -235,7 +268,10 @@ def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Findi
         n = max(len(order), len(info.devices), len(info.device_uuids))
         if n < 2:
             continue
-        batch = round(s.batch_size)
+        # Scattered per forward: the micro-batch (the step's batch without accumulation).
+        batch = round(s.micro_batch_size or 0)
+        if batch <= 0:
+            continue
         chunks = torch_chunks(batch, n)
         if len(set(chunks)) == 1:
             continue
@@ -264,6 +300,7 @@ def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Findi
             short=tuple(ShortGpu(refs[i]["index"], chunks[i]) for i in short),
             nearest=tuple(ranked),
             even=tuple(even),
+            accumulated=s.accumulated,
         )
         findings.append(
             Finding(

@@ -42,6 +42,9 @@ class SlowRank:
     peer_phase_s: float
     batch_size: int | None = None
     batch_share: int | None = None
+    # Micro-batches per step: ``batch_size`` and ``batch_share`` are per micro-batch (the
+    # DataLoader's batch), several of which the rank accumulates into one step.
+    accumulated: int = 1
 
 
 @dataclass(frozen=True)
@@ -116,11 +119,13 @@ def detect(
         s = stats[r]
         phase, mine, theirs = _worst_phase(s, [stats[q] for q in stats if q not in blamed])
         batch = share = None
-        if s.batch_size:
-            fits = max(1, round(s.batch_size * (peer_median(per_sample, r) or 0) / per_sample[r]))
-            if fits < s.batch_size:
-                batch, share = round(s.batch_size), fits
-        slow[r] = SlowRank(phase, mine, theirs, batch, share)
+        # In the unit the user sets: the micro-batch (the step's batch without accumulation).
+        micro = s.micro_batch_size
+        if micro:
+            fits = max(1, round(micro * (peer_median(per_sample, r) or 0) / per_sample[r]))
+            if fits < micro:
+                batch, share = round(micro), fits
+        slow[r] = SlowRank(phase, mine, theirs, batch, share, s.accumulated)
         per_rank[str(r)] = {
             "phase": phase,
             "phase_ms": round(mine * 1e3, 1),

@@ -74,6 +74,8 @@ class Facts:
     batch: int | None
     chunks: tuple[int, ...] | None
     balanced: tuple[int, ...] | None
+    # Micro-batches per step: ``batch`` is then the micro-batch, the one scattered per forward.
+    accumulated: int = 1
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,9 @@ def detect(
 
         n = max(len(order), len(info.devices), len(info.device_uuids))
         s = stats[info.rank]
-        batch = round(s.batch_size) if s.batch_size else None
+        # Scattered per forward: the micro-batch (the step's batch without accumulation).
+        micro = s.micro_batch_size
+        batch = round(micro) if micro else None
         current = torch_chunks(batch, n) if batch else None
         balanced = balanced_chunks(batch, n, mem_ratio) if batch and mem_ratio is not None else None
         name = script or PLACEHOLDER_SCRIPT
@@ -151,6 +155,7 @@ def detect(
             batch=batch,
             chunks=None if current is None else tuple(current),
             balanced=None if balanced is None else tuple(balanced),
+            accumulated=s.accumulated,
         )
         findings.append(
             Finding(

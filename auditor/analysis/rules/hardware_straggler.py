@@ -110,6 +110,8 @@ class SlowGpu:
     compute_s: float
     batch_size: int | None = None
     batch_share: int | None = None
+    # Micro-batches per step: the batch figures are per micro-batch (the DataLoader's batch).
+    accumulated: int = 1
 
 
 @dataclass(frozen=True)
@@ -197,11 +199,13 @@ def detect(
         s = stats[r]
         peer_cps = peer_median({q: v for q, v in per_sample.items() if q not in blamed}, r)
         batch = share = None
-        if s.batch_size and peer_cps:
-            fits = max(1, int(s.batch_size * peer_cps / per_sample[r]))
-            if fits < s.batch_size:
-                batch, share = round(s.batch_size), fits
-        slow[r] = _slow_gpu(d, blamed[r], peer_limit, s.compute_s, batch, share)
+        # In the unit the user sets: the micro-batch (the step's batch without accumulation).
+        micro = s.micro_batch_size
+        if micro and peer_cps:
+            fits = max(1, int(micro * peer_cps / per_sample[r]))
+            if fits < micro:
+                batch, share = round(micro), fits
+        slow[r] = _slow_gpu(d, blamed[r], peer_limit, s.compute_s, batch, share, s.accumulated)
         per_rank[str(r)] = {
             "gpu": d.ref,
             "reasons": [slowdown_note(x) for x in blamed[r]],
@@ -320,6 +324,7 @@ def _slow_gpu(
     compute_s: float,
     batch_size: int | None,
     batch_share: int | None,
+    accumulated: int = 1,
 ) -> SlowGpu:
     """GPU ``d`` as its fix needs it: its slowdowns, and which cause it reports (a power limit
     only where it is below its peers' median ``peer_limit``)."""
@@ -342,6 +347,7 @@ def _slow_gpu(
         compute_s=compute_s,
         batch_size=batch_size,
         batch_share=batch_share,
+        accumulated=accumulated,
     )
 
 

@@ -29,6 +29,8 @@ Measured budget (preferred where the probe sent one, :mod:`auditor.analysis.budg
 and no batch variation needed. The fixed part (parameters, gradients, optimizer state, buffers,
 modules outside the model) and the activations per sample are measured; the capacity is the
 GPU's total less the margin, or on a CPU job the rank's share of the host's available memory.
+Under gradient accumulation the batch is the micro-batch (the DataLoader's batch): one
+micro-batch's activations are alive at a time, so memory is fitted and advised against it.
 The same two verdicts follow from ``fixed + batch x per_sample`` against the capacity, and the
 evidence carries what each lever frees per rank (:meth:`~auditor.analysis.budget.BudgetModel.
 levers`) and which one is the lever (fixed part or activations). On a CPU job both stay ``info``
@@ -46,8 +48,8 @@ from typing import Any, Literal
 from ..budget import BudgetModel, host_short, model_for
 from ..devices import DeviceStats
 from ..findings import Finding
-from ..measures import rank_memory_fits
-from ..snapshot import RankView, Snapshot
+from ..measures import latest_micro_batch, rank_memory_fits
+from ..snapshot import Snapshot
 
 SPEEDUP_NOTE = "not predicted: a larger batch is faster only while the GPU is not saturated"
 # Gradient checkpointing commonly allows 4-10x larger batches; the conservative end is used.
@@ -87,6 +89,8 @@ class FitRank:
     model_is_lever: bool = False
     largest_batch_checkpointing: int | None = None
     largest_batch_mixed_precision: int | None = None
+    # Micro-batches per step: the batches above are then per micro-batch.
+    accumulated: int = 1
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def detect(
         host_short: on a CPU job, host memory available below this share of its total is
             short (findings then warn; otherwise they stay ``info``).
     """
-    latest = {v.info.rank: _latest_batch(v) for v in snapshot.ranks}
+    latest = {v.info.rank: latest_micro_batch(v) for v in snapshot.ranks}
     budgeted = budget_models(snapshot, margin=margin)
     findings: list[Finding] = _from_budgets(
         budgeted, pressured, margin=margin, underused=underused, short_ratio=host_short
@@ -142,7 +146,7 @@ def detect(
     for r, (fit, gpu) in sorted(
         rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples).items()
     ):
-        current = latest.get(r)
+        current, accumulated = latest.get(r, (None, 1))
         if r in budgeted:
             continue  # measured: the budget's verdict stands
         if gpu is None or not gpu.mem_total_bytes or current is None:
@@ -158,6 +162,7 @@ def detect(
             **fit.evidence(),
             "gpu": gpu.ref,
             "current_batch": current,
+            **({"micro_batches": accumulated} if accumulated > 1 else {}),
             "peak_bytes": peak,
             "total_bytes": total,
             "budget_bytes": round(budget),
@@ -180,13 +185,6 @@ def detect(
     return findings
 
 
-def _latest_batch(view: RankView) -> int | None:
-    for s in reversed(view.steps):
-        if s.batch_size:
-            return int(s.batch_size)
-    return None
-
-
 def _fit_rank(row: dict[str, Any], gpu: DeviceStats, verdict: Verdict) -> FitRank:
     """A rank's facts from its evidence row, so the words say the figures the record holds."""
     fit = FitTerms(
@@ -206,6 +204,7 @@ def _fit_rank(row: dict[str, Any], gpu: DeviceStats, verdict: Verdict) -> FitRan
         model_is_lever=verdict == "tight" and model >= 0.5 * row["budget_bytes"],
         largest_batch_checkpointing=row.get("largest_batch_checkpointing"),
         largest_batch_mixed_precision=row.get("largest_batch_mixed_precision"),
+        accumulated=row.get("micro_batches", 1),
     )
 
 
@@ -242,8 +241,9 @@ def budget_models(snapshot: Snapshot, *, margin: float) -> dict[int, BudgetModel
         b = view.memory
         if b is None or b.activations_per_sample is None:
             continue
-        batch = _latest_batch(view) or b.activation_batch
-        model = model_for(b, batch=batch, margin=margin, world_size=world)
+        micro, accumulated = latest_micro_batch(view)
+        batch = micro or b.activation_batch
+        model = model_for(b, batch=batch, margin=margin, world_size=world, accumulated=accumulated)
         if model.capacity_bytes is not None and batch:
             out[view.info.rank] = model
     return out

@@ -40,7 +40,7 @@ from typing import Any
 from ..budget import BudgetModel, model_for
 from ..devices import DeviceStats
 from ..findings import Finding
-from ..measures import MemoryFit, rank_memory_fits
+from ..measures import MemoryFit, latest_micro_batch, rank_memory_fits
 from ..snapshot import RankView, Snapshot
 
 MIB = 1024**2
@@ -57,6 +57,9 @@ class RankRelief:
     smaller_batch: int | None
     kept_across_steps: bool
     budget: BudgetModel | None
+    # Micro-batches per step (gradient accumulation): the batches above are then per
+    # micro-batch, the one whose activations are alive at a time.
+    accumulated: int = 1
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ def detect(
                     batch=(_batches(view) or [view.memory.activation_batch])[-1],
                     margin=1.0 - target_ratio,
                     world_size=snapshot.world_size,
+                    accumulated=latest_micro_batch(view)[1],
                 )
             relief[r], per_rank[str(r)] = _rank_relief(view, d, fit, target_ratio, budget)
         findings.append(
@@ -187,9 +191,10 @@ def detect(
 
 
 def _batches(view: RankView | None) -> list[int]:
+    """The rank's batches, step by step, per micro-batch (the unit memory grows with)."""
     if view is None:
         return []
-    return [int(s.batch_size) for s in view.steps if s.batch_size]
+    return [round(s.micro_batch_size or 0) for s in view.steps if s.batch_size]
 
 
 def _rank_relief(
@@ -221,15 +226,17 @@ def _rank_relief(
         else None
     )
     kept = current is not None and len(set(batches)) == 1
+    accumulated = latest_micro_batch(view)[1]
     row: dict[str, Any] = {
         "current_batch": current,
+        **({"micro_batches": accumulated} if accumulated > 1 else {}),
         "suggested_batch": suggested,
         "basis": basis,
         "target_bytes": round(target_bytes),
     }
     if budget is not None:
         row["budget"] = budget.evidence()
-    return RankRelief(current, smaller, kept, budget), row
+    return RankRelief(current, smaller, kept, budget, accumulated), row
 
 
 def _host_short(
@@ -260,6 +267,7 @@ def _host_short(
                 batch=batches[-1] if batches else v.memory.activation_batch,
                 margin=1.0 - target_ratio,
                 world_size=snapshot.world_size,
+                accumulated=latest_micro_batch(v)[1],
             )
             models[v.info.rank] = m
             per_rank[str(v.info.rank)] = m.evidence()

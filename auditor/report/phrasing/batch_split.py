@@ -9,7 +9,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.batch_split import DataParallelFacts, Facts
 from auditor.wording import ranks_text, speedup_worth_naming
 
-from .words import Phrase, phrase_facts, s_if_one, with_expectation
+from .words import Phrase, per_micro, phrase_facts, s_if_one, with_expectation
 
 
 @phrase_facts.register
@@ -28,6 +28,12 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     listing = ", ".join(f"rank {r}: {round(b)}" for r, b in sorted(facts.batches.items()))
     summary = f"uneven per-rank batches ({listing}): " + ", and ".join(parts)
     fixes: dict[int, str] = {}
+    if facts.accumulated:
+        for r in sorted(facts.batches):
+            fix = _micro_fix(facts, r, r in blamed)
+            if fix:
+                fixes[r] = with_expectation(fix, speedup)
+        return Phrase(summary, fixes)
     for r, b in sorted(facts.batches.items()):
         batch, equal = round(b), facts.equal[r]
         if batch == equal:
@@ -45,6 +51,28 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     return Phrase(summary, fixes)
 
 
+def _micro_fix(facts: Facts, r: int, is_blamed: bool) -> str:
+    """A rank's fix under gradient accumulation, in micro-batch samples (the DataLoader's
+    ``batch_size``); empty where its micro-batch is already the equal one."""
+    batch, equal, n = round(facts.micro[r]), facts.micro_equal[r], facts.accumulated[r]
+    if batch == equal:
+        return ""
+    averaged = facts.averaged_by
+    notes = [f"per micro-batch; {n} accumulated per step"] if n > 1 else []
+    if not is_blamed:
+        notes.append(f"keeps the global batch of {facts.global_batch} per step")
+    fix = f"batch_size {batch} -> {equal}" + (f" ({'; '.join(notes)})" if notes else "")
+    if is_blamed and averaged:
+        fix += f" (the equal split: {averaged} weighs every rank's gradient equally)"
+    if is_blamed and averaged and facts.speeds_differ:
+        fix += (
+            f", or keep {batch} per micro-batch for its speed and scale each rank's loss by its "
+            f"samples per step x {len(facts.batches)} / {facts.global_batch} so every sample "
+            "counts once"
+        )
+    return fix
+
+
 @phrase_facts.register
 def _dataparallel(facts: DataParallelFacts, finding: Finding) -> Phrase:
     batch, n = facts.batch, facts.gpu_count
@@ -55,7 +83,8 @@ def _dataparallel(facts: DataParallelFacts, finding: Finding) -> Phrase:
     )
     choices = " or ".join(f"{b} ({b // n} per GPU)" for b in facts.nearest)
     fix = (
-        f"batch_size {batch} -> {choices}: torch.chunk splits {batch} over {n} GPUs as "
+        f"batch_size {batch} -> {choices}{per_micro(facts.accumulated)}: "
+        f"torch.chunk splits {batch} over {n} GPUs as "
         f"{_join(facts.chunks)} ({short}); or keep {batch} with per-GPU chunk sizes "
         f"{_join(facts.even)} (a scatter with explicit chunk sizes)"
     )

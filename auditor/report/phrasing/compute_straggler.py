@@ -6,7 +6,15 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.compute_straggler import Facts, SlowRank
 from auditor.wording import fmt_ms, ranks_text
 
-from .words import Phrase, it_or_them, ops_text, phrase_facts, s_if_one, with_expectation
+from .words import (
+    Phrase,
+    it_or_them,
+    ops_text,
+    per_micro,
+    phrase_facts,
+    s_if_one,
+    with_expectation,
+)
 
 
 @phrase_facts.register
@@ -33,6 +41,6 @@ def _fix(slow: SlowRank) -> str:
     if slow.batch_share is not None:
         fix += (
             f", or if its device is simply slower, "
-            f"batch_size {slow.batch_size} -> {slow.batch_share}"
+            f"batch_size {slow.batch_size} -> {slow.batch_share}{per_micro(slow.accumulated)}"
         )
     return fix

@@ -34,7 +34,14 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     if facts.batch:
         n = facts.gpu_count
         per = max(1, round(facts.batch / n))
-        fix += f", batch_size {facts.batch} -> {per} per process (global batch {per * n})"
+        if facts.accumulated > 1:
+            fix += (
+                f", batch_size {facts.batch} -> {per} per process (per micro-batch; "
+                f"{facts.accumulated} accumulated per step: global batch "
+                f"{per * n * facts.accumulated} per step)"
+            )
+        else:
+            fix += f", batch_size {facts.batch} -> {per} per process (global batch {per * n})"
     if facts.balanced:
         fix += (
             f"; or keep DataParallel with a scatter that gives {facts.gpu} a smaller chunk: "

@@ -7,7 +7,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.hardware_straggler import Facts, LowClock, SlowGpu, slowdown_note
 from auditor.wording import fmt_ms, ranks_text
 
-from .words import Phrase, it_or_them, phrase_facts, with_expectation
+from .words import Phrase, it_or_them, per_micro, phrase_facts, with_expectation
 
 
 @phrase_facts.register
@@ -71,6 +71,7 @@ def _around(rank: int, gpu: SlowGpu) -> str:
     alt = f"or move rank {rank} off {gpu.label} ({gpu.uuid})"
     if gpu.batch_share is not None:
         alt += (
-            f", or give it a smaller batch share: batch_size {gpu.batch_size} -> {gpu.batch_share}"
+            f", or give it a smaller batch share: batch_size {gpu.batch_size} -> "
+            f"{gpu.batch_share}{per_micro(gpu.accumulated)}"
         )
     return alt

@@ -8,7 +8,15 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.memory_headroom import BudgetFacts, FitFacts, FitRank, FitTerms
 from auditor.wording import fmt_bytes, fmt_gib, ranks_text
 
-from .words import Phrase, levers_text, parts_text, phrase_facts, s_if_one
+from .words import (
+    Phrase,
+    batch_noun,
+    levers_text,
+    parts_text,
+    per_micro,
+    phrase_facts,
+    s_if_one,
+)
 
 
 @phrase_facts.register
@@ -20,13 +28,13 @@ def _fitted(facts: FitFacts, finding: Finding) -> Phrase:
         summary = (
             f"{ranks_text(rows)} use{s_if_one(rows)} at most "
             f"{fmt_gib(first.peak_bytes)} of {fmt_gib(first.total_bytes)} on "
-            f"{first.gpu}: a batch of up to {first.largest_batch} fits "
-            f"(now {first.batch})"
+            f"{first.gpu}: a {batch_noun(first.accumulated)} of up to {first.largest_batch} "
+            f"fits (now {first.batch}{_accumulated(first.accumulated)})"
         )
         return Phrase(summary, {r: _roomy_fit_fix(row, margin) for r, row in rows.items()})
     summary = (
-        f"{ranks_text(rows)}: batch {first.batch} does not fit "
-        f"{first.gpu} with a {margin:.0%} margin "
+        f"{ranks_text(rows)}: {batch_noun(first.accumulated)} {first.batch} does not fit "
+        f"{first.gpu} with a {margin:.0%} margin{_accumulated(first.accumulated, ',')} "
         f"({fmt_gib(first.predicted_bytes)} of {fmt_gib(first.total_bytes)})"
     )
     return Phrase(summary, {r: _tight_fit_fix(row) for r, row in rows.items()})
@@ -42,7 +50,7 @@ def _fit_text(fit: FitTerms) -> str:
 
 def _roomy_fit_fix(row: FitRank, margin: float) -> str:
     return (
-        f"batch_size {row.batch} -> up to {row.largest_batch} fits "
+        f"batch_size {row.batch} -> up to {row.largest_batch}{per_micro(row.accumulated)} fits "
         f"{row.gpu} with a {margin:.0%} margin ({_fit_text(row.fit)}); raise it only while "
         "throughput still grows (the GPU is not yet saturated) and scale the learning rate "
         "with it"
@@ -50,8 +58,9 @@ def _roomy_fit_fix(row: FitRank, margin: float) -> str:
 
 
 def _tight_fit_fix(row: FitRank) -> str:
+    noun = batch_noun(row.accumulated)
     parts = [
-        f"batch {row.batch} needs about "
+        f"{noun} {row.batch}{_accumulated(row.accumulated, ',')} needs about "
         f"{fmt_gib(row.predicted_bytes)} of {fmt_gib(row.budget_bytes)} "
         f"usable on {row.gpu} ({_fit_text(row.fit)})"
     ]
@@ -64,10 +73,10 @@ def _tight_fit_fix(row: FitRank) -> str:
     else:
         parts.append(
             f"gradient checkpointing (torch.utils.checkpoint on the largest blocks, about a "
-            f"third more compute) fits up to batch {row.largest_batch_checkpointing}; "
+            f"third more compute) fits up to {noun} {row.largest_batch_checkpointing}; "
             "mixed precision (torch.autocast(device_type='cuda', dtype=torch.bfloat16)) fits "
             f"up to {row.largest_batch_mixed_precision}; or batch_size "
-            f"{row.batch} -> {row.largest_batch}"
+            f"{row.batch} -> {row.largest_batch}{per_micro(row.accumulated)}"
         )
     return "; ".join(parts)
 
@@ -79,7 +88,8 @@ def _budgeted(facts: BudgetFacts, finding: Finding) -> Phrase:
     margin = facts.margin
     if facts.verdict == "roomy":
         room = (
-            f"a batch of up to {first.largest_batch()} fits (now {first.batch})"
+            f"a {batch_noun(first.accumulated)} of up to {first.largest_batch()} fits "
+            f"(now {first.batch}{_accumulated(first.accumulated)})"
             if first.budget.device_total_bytes
             else "memory does not limit the batch"
         )
@@ -89,7 +99,8 @@ def _budgeted(facts: BudgetFacts, finding: Finding) -> Phrase:
         )
         return Phrase(summary, {r: _roomy_budget_fix(m, margin) for r, m in models.items()})
     summary = (
-        f"{ranks_text(models)}: batch {first.batch} does not fit with a {margin:.0%} margin "
+        f"{ranks_text(models)}: {batch_noun(first.accumulated)} {first.batch} does not fit "
+        f"with a {margin:.0%} margin{_accumulated(first.accumulated, ',')} "
         f"({fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable)"
     )
     return Phrase(summary, {r: _tight_budget_fix(m) for r, m in models.items()})
@@ -107,12 +118,14 @@ def _roomy_budget_fix(m: BudgetModel, margin: float) -> str:
     by throughput, not memory. The evidence keeps the figure either way."""
     if not m.budget.device_total_bytes:
         return (
-            f"nothing to change for memory: batch {m.batch} holds {fmt_bytes(m.current_bytes)} "
+            f"nothing to change for memory: {batch_noun(m.accumulated)} {m.batch}"
+            f"{_accumulated(m.accumulated, ',')} holds {fmt_bytes(m.current_bytes)} "
             f"({parts_text(m)}) of {fmt_bytes(m.capacity_bytes)} usable; on a CPU the batch is "
             "sized by throughput, not memory"
         )
     return (
-        f"batch_size {m.batch} -> up to {m.largest_batch()} fits {_where(m)} with a "
+        f"batch_size {m.batch} -> up to {m.largest_batch()}{per_micro(m.accumulated)} fits "
+        f"{_where(m)} with a "
         f"{margin:.0%} margin ({parts_text(m)}); raise it only while throughput still grows and "
         "scale the learning rate with it"
     )
@@ -121,7 +134,14 @@ def _roomy_budget_fix(m: BudgetModel, margin: float) -> str:
 def _tight_budget_fix(m: BudgetModel) -> str:
     lever = "the fixed part" if m.main_lever == "fixed" else "the activations"
     return (
-        f"batch {m.batch} needs about {fmt_bytes(m.current_bytes)} of "
+        f"{batch_noun(m.accumulated)} {m.batch}{_accumulated(m.accumulated, ',')} needs "
+        f"about {fmt_bytes(m.current_bytes)} of "
         f"{fmt_bytes(m.capacity_bytes)} usable ({_where(m)}; {parts_text(m)}); the lever "
         f"is {lever}: {levers_text(m)}"
     )
+
+
+def _accumulated(accumulated: int, sep: str = ";") -> str:
+    """``"; 4 accumulated per step"`` after a micro-batch under gradient accumulation (one
+    micro-batch's activations are alive at a time); nothing without."""
+    return f"{sep} {accumulated} accumulated per step" if accumulated > 1 else ""

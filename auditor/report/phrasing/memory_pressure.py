@@ -8,7 +8,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.memory_pressure import Filling, HostShort, RankRelief
 from auditor.wording import MIB, fmt_bytes, fmt_gib
 
-from .words import Phrase, levers_text, parts_text, phrase_facts
+from .words import Phrase, levers_text, parts_text, per_micro, phrase_facts
 
 
 @phrase_facts.register
@@ -42,7 +42,8 @@ def _rank_fix(rank: RankRelief, target_ratio: float) -> str:
     options: list[str] = []
     if rank.smaller_batch is not None:
         options.append(
-            f"batch_size {rank.batch} -> {rank.smaller_batch} (about {target_ratio:.0%} of the GPU)"
+            f"batch_size {rank.batch} -> {rank.smaller_batch}{per_micro(rank.accumulated)} "
+            f"(about {target_ratio:.0%} of the GPU)"
         )
     if rank.budget is not None and rank.budget.levers():
         options.append(f"{levers_text(rank.budget)} ({parts_text(rank.budget)})")

@@ -50,6 +50,19 @@ def with_expectation(fix: str, speedup: float | None) -> str:
     return f"{fix}; expect about {speedup:.1f}x"
 
 
+def per_micro(accumulated: int) -> str:
+    """After a batch size in micro-batch units under gradient accumulation:
+    ``" (per micro-batch; 4 accumulated per step)"``; nothing without accumulation."""
+    if accumulated <= 1:
+        return ""
+    return f" (per micro-batch; {accumulated} accumulated per step)"
+
+
+def batch_noun(accumulated: int) -> str:
+    """``micro-batch`` under gradient accumulation, ``batch`` without."""
+    return "micro-batch" if accumulated > 1 else "batch"
+
+
 def ops_text(ops: Iterable[str]) -> str:
     """Collective operations as one name: ``all_gather/ddp_allreduce``."""
     return "/".join(ops)
@@ -91,7 +104,8 @@ def levers_text(model: BudgetModel, limit: int = 3) -> str:
     levers = sorted(model.levers().values(), key=lambda lv: -lv.frees_bytes)[:limit]
     parts = []
     for lv in levers:
-        batch = "" if lv.largest_batch is None else f", batch up to {lv.largest_batch}"
+        noun = batch_noun(model.accumulated)
+        batch = "" if lv.largest_batch is None else f", {noun} up to {lv.largest_batch}"
         parts.append(f"{LEVER_TEXT[lv.name]} frees {fmt_bytes(lv.frees_bytes)}{batch}")
     return "; ".join(parts)
 
