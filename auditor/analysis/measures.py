@@ -50,25 +50,39 @@ class PeerMedians:
 
     def __init__(self, values: Mapping[Any, float | None]) -> None:
         self._values = {k: float(v) for k, v in values.items() if v is not None}
-        self._sorted = sorted(self._values.values())
+        order = self._sorted = sorted(self._values.values())
+        self._whole = float(statistics.median(order)) if order else None
+        # Without one element at sorted position i, the median of the other m is one of at most
+        # three values, set by where i falls against the middle: worked out once, not per key.
+        m = self._m = len(order) - 1
+        k = m // 2
+        if m <= 0:
+            self._below = self._at = self._above = 0.0
+            self._first_at = self._last_at = 0
+        elif m % 2:
+            self._below, self._above = order[k + 1], order[k]
+            self._at = 0.0
+            self._first_at, self._last_at = k + 1, k  # (no position is "at")
+        else:
+            self._below = (order[k] + order[k + 1]) / 2
+            self._at = (order[k - 1] + order[k + 1]) / 2
+            self._above = (order[k - 1] + order[k]) / 2
+            self._first_at = self._last_at = k
 
     def get(self, key: object) -> float | None:
         """Median of the values of every key but ``key`` (all of them if ``key`` has none)."""
-        order = self._sorted
-        if key not in self._values:
-            return float(statistics.median(order)) if order else None
-        m = len(order) - 1
-        if m <= 0:
+        value = self._values.get(key)
+        if value is None:
+            return self._whole
+        if self._m <= 0:
             return None
         # Removing any element equal to the key's value leaves the same multiset.
-        i = bisect.bisect_left(order, self._values[key])
-
-        def at(k: int) -> float:
-            return order[k] if k < i else order[k + 1]
-
-        if m % 2:
-            return at(m // 2)
-        return (at(m // 2 - 1) + at(m // 2)) / 2
+        i = bisect.bisect_left(self._sorted, value)
+        if i < self._first_at:
+            return self._below
+        if i > self._last_at:
+            return self._above
+        return self._at
 
 
 def measured_gpus(snapshot: Snapshot, min_samples: int) -> dict[str, DeviceStats]:

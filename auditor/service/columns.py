@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from math import isfinite
 from operator import itemgetter
 from typing import Any, cast
 
@@ -112,6 +113,31 @@ class Columns:
         return out
 
 
+# Columns become Python lists in C where every value is an ordinary number (the usual answer):
+# a Python expression per value only where one is missing. Integers stay exact below 2**53.
+_EXACT = 2.0**53
+
+
+def _ordinary(values: Column) -> bool:
+    return bool((np.abs(values) < _EXACT).all())  # NaN and infinities compare False
+
+
 def optional(values: Column) -> list[float | None]:
     """A column as Python values, None for NaN (what the samples say for "not measured")."""
+    if not np.isnan(values).any():
+        return values.tolist()
     return [None if x != x else x for x in values.tolist()]
+
+
+def optional_ints(values: Column) -> list[int | None]:
+    """An integral figure (bytes, a count) as ``int()`` gives it, None where not a number."""
+    if _ordinary(values):
+        return values.astype(np.int64).tolist()
+    return [int(x) if isfinite(x) else None for x in values.tolist()]
+
+
+def rounded(values: Column, missing: Any) -> list[Any]:
+    """Each value as ``round()`` gives it (half to even), ``missing`` where not a number."""
+    if _ordinary(values):
+        return np.rint(values).astype(np.int64).tolist()
+    return [round(x) if isfinite(x) else missing for x in values.tolist()]

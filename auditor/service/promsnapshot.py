@@ -28,18 +28,29 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from math import isfinite
+from itertools import compress, repeat
+from operator import is_not, itemgetter, methodcaller
 from typing import Any, TypeVar
 
 import numpy as np
 
 from auditor.analysis.devices import IDLE_REASONS, DeviceStats
 from auditor.analysis.snapshot import RankView, Snapshot
-from auditor.analysis.stats import RankStats
+from auditor.analysis.stats import RankStats, local_time
 from auditor.metrics import catalog as C
-from auditor.samples import LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
+from auditor.samples import PHASES, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
 
-from .columns import GPU, RANK, Answer, Column, Columns, as_vector, optional
+from .columns import (
+    GPU,
+    RANK,
+    Answer,
+    Column,
+    Columns,
+    as_vector,
+    optional,
+    optional_ints,
+    rounded,
+)
 
 _MHZ = 1e6
 
@@ -64,13 +75,28 @@ def queries(window_s: float) -> dict[str, str]:
         "rank_seen": f"max by ({r}) (timestamp({C.RANK_UP.name}))",
         "steps": f"sum by ({r}) (increase({C.RANK_STEPS_TOTAL.name}[{w}]))",
         "step_seconds": f"sum by ({r}) (increase({C.RANK_STEP_SECONDS_TOTAL.name}[{w}]))",
-        "phase_seconds": f"sum by ({r}, phase) (increase({C.RANK_PHASE_SECONDS_TOTAL.name}[{w}]))",
         "samples": f"sum by ({r}) (increase({C.RANK_SAMPLES_TOTAL.name}[{w}]))",
-        # The kinds the rules read (reserved memory is the dashboards', not the rules').
-        "memory": f"max by ({r}, memory) (quantile_over_time(0.5, "
-        f'{C.RANK_MEMORY_BYTES.name}{{memory=~"{"|".join(_MEMORY_KINDS)}"}}[{w}]))',
-        "cpu": f"max by ({r}, process) (avg_over_time({C.RANK_CPU_CORES.name}[{w}]))",
         "workers": f"max by ({r}) (max_over_time({C.RANK_DATALOADER_WORKERS.name}[{w}]))",
+    }
+    # A figure split by a label (a phase, a memory kind, a process) is one query per value,
+    # each labelled by rank alone: its answer lines up with the others' (one comparison of
+    # label lists finds every rank's row), where one answer split by the label cost a key
+    # lookup per series (some 45,000 at 4,096 ranks).
+    for phase in PHASES:
+        q[sub_key("phase_seconds", phase)] = (
+            f'sum by ({r}) (increase({C.RANK_PHASE_SECONDS_TOTAL.name}{{phase="{phase}"}}[{w}]))'
+        )
+    # The kinds the rules read (reserved memory is the dashboards', not the rules').
+    for kind in _MEMORY_KINDS:
+        q[sub_key("memory", kind)] = (
+            f"max by ({r}) (quantile_over_time(0.5, "
+            f'{C.RANK_MEMORY_BYTES.name}{{memory="{kind}"}}[{w}]))'
+        )
+    for process in C.CPU_PROCESSES:
+        q[sub_key("cpu", process)] = (
+            f'max by ({r}) (avg_over_time({C.RANK_CPU_CORES.name}{{process="{process}"}}[{w}]))'
+        )
+    q |= {
         # nodes
         "node_cores": f"max by (job, node) (max_over_time({C.NODE_CPU_CORES.name}[{w}]))",
         "node_busy": "max by (job, node) "
@@ -98,6 +124,12 @@ def queries(window_s: float) -> dict[str, str]:
     for key, spec in _GPU_MAXIMA.items():
         q[key] = f"max by ({g}) (max_over_time({spec.name}[{w}]))"
     return q
+
+
+def sub_key(figure: str, value: str) -> str:
+    """The answer key of ``figure`` for one value of the label it is split by:
+    ``sub_key("phase_seconds", "forward")`` is ``"phase_seconds:forward"``."""
+    return f"{figure}:{value}"
 
 
 _GPU_MEDIANS = {
@@ -137,22 +169,23 @@ def running_jobs(answers: Answers, now: float, *, stale_after_s: float) -> dict[
     ``stale_after_s`` ago. A job whose ranks all ended, or whose endpoints stopped answering,
     is not running."""
     seen_answer = as_vector(answers.get("rank_seen"))
-    seen = {
-        key: v
-        for key, v in zip(RANK.all(seen_answer), seen_answer.values.tolist(), strict=True)
-        if v == v and v  # NaN or 0: never seen
-    }
+    # NaN or 0: never seen.
+    seen_at = np.nan_to_num(seen_answer.values, nan=0.0)
+    seen = dict(zip(RANK.all(seen_answer), seen_at.tolist(), strict=True))
     up = as_vector(answers.get("rank_up"))
-    running: dict[str, bool] = {}
-    last_seen: dict[str, float] = {}
-    for key, value in zip(RANK.all(up), up.values.tolist(), strict=True):
-        job = key[0]
-        if not job or _int(key[1]) is None:
-            continue
-        at = seen.get(key, 0.0)
-        running[job] = running.get(job, False) or (value == 1 and now - at <= stale_after_s)
-        last_seen[job] = max(at, last_seen.get(job, at))
-    return {job: JobWindow(job, running[job], last_seen[job]) for job in running}
+    keys = RANK.all(up)
+    # Each rank's job, and whether it is a rank at all (a job name and a numeric rank).
+    jobs = np.array([key[0] for key in keys], dtype=object)
+    numbers = map(_int, map(itemgetter(1), keys))
+    ranked = np.fromiter(map(is_not, numbers, repeat(None)), dtype=bool, count=len(keys))
+    ranked &= jobs != ""
+    at = np.fromiter(map(seen.get, keys, repeat(0.0)), dtype=np.float64, count=len(keys))
+    alive = (up.values == 1) & (now - at <= stale_after_s)
+    out: dict[str, JobWindow] = {}
+    for job in dict.fromkeys(jobs[ranked].tolist()):
+        mine = ranked & (jobs == job)
+        out[job] = JobWindow(job, bool(alive[mine].any()), float(at[mine].max()))
+    return out
 
 
 def build_snapshots(
@@ -161,20 +194,23 @@ def build_snapshots(
     """One :class:`Snapshot` per job (``jobs``: only these), over ``(now - window_s, now]``.
 
     Column-wise: the ranks are indexed once, every figure becomes one column over that index
-    (:mod:`.columns`), and the per-rank samples are built from the columns in one pass.
+    (:mod:`.columns`), and each kind of object is built from its fields' columns at once
+    (:func:`_objects`): no Python call per rank and field.
     """
     wanted = None if jobs is None else set(jobs)
-    vec = {name: as_vector(answers.get(name)) for name in _RANK_ANSWERS}
+    rank_info = as_vector(answers.get("rank_info"))
+    steps = as_vector(answers.get("steps"))
+    loader_info = as_vector(answers.get("loader_info"))
 
     # The ranks: every (job, rank) with an identity or a step count, in the jobs asked for.
     infos: dict[Any, Mapping[str, str]] = {
         key: labels
-        for key, labels in zip(RANK.all(vec["rank_info"]), vec["rank_info"].labels, strict=True)
+        for key, labels in zip(RANK.all(rank_info), rank_info.labels, strict=True)
         if key[0] and (wanted is None or key[0] in wanted)
     }
     counted = [
         key
-        for key, n in zip(RANK.all(vec["steps"]), vec["steps"].values.tolist(), strict=True)
+        for key, n in zip(RANK.all(steps), steps.values.tolist(), strict=True)
         if n == n and (wanted is None or key[0] in wanted)
     ]
     ranked = sorted(
@@ -183,47 +219,35 @@ def build_snapshots(
         if (number := _int(key[1])) is not None
     )
     index = {key: i for i, (_, _, key) in enumerate(ranked)}
-
     by_rank = Columns(index, RANK)
 
     def col(name: str) -> Column:
-        return by_rank.column(vec[name])
-
-    loaders = dict(zip(RANK.all(vec["loader_info"]), vec["loader_info"].labels, strict=True))
-    phases = by_rank.columns_by(vec["phase_seconds"], "phase")
-    memory = by_rank.columns_by(vec["memory"], "memory")
-    cpu = by_rank.columns_by(vec["cpu"], "process")
-    nan = np.full(len(index), np.nan)
+        return by_rank.column(as_vector(answers.get(name)))
 
     gpus = _gpu_stats(answers, wanted)
-    owned: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+    # The GPUs whose series name a rank, in index order: their indexes and UUIDs.
+    owned: dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]] = {}
     for uuid, (g, owner_job, owner_rank) in gpus.items():
         if owner_job and owner_rank:
-            owned[(owner_job, owner_rank)].append((g.index, uuid))
-    nodes = _nodes(answers, now)
-    configs: dict[tuple[object, ...], LoaderConfig] = {}
-
-    # Every per-rank figure as one list over the index (None: not measured), computed
-    # column-wise; the loop below only assembles objects from them.
-    rows = _rank_rows(col, phases, memory, cpu, nan)
-    config_workers = optional(col("config_workers"))
-    up = col("rank_up").tolist()
+            key = (owner_job, owner_rank)
+            had = owned.get(key)
+            if had is None:  # the usual rank: one GPU
+                owned[key] = ((g.index,), (uuid,))
+            else:
+                pairs = sorted([*zip(*had, strict=True), (g.index, uuid)])
+                owned[key] = (tuple(i for i, _ in pairs), tuple(u for _, u in pairs))
+    loaders = dict(zip(RANK.all(loader_info), loader_info.labels, strict=True))
+    info_of = _rank_infos(ranked, infos, loaders, owned, optional(col("config_workers")))
+    views, stats = _ranks(info_of, now, col)
 
     by_job: dict[str, list[RankView]] = defaultdict(list)
     stats_of: dict[str, dict[int, RankStats]] = defaultdict(dict)
     hosts_of: dict[str, set[str]] = defaultdict(set)
-    for i, (job, rank, key) in enumerate(ranked):
-        info = _rank_info(
-            rank,
-            infos.get(key, {}),
-            _loader(configs, loaders.get(key, {}), config_workers[i]),
-            sorted(owned.get(key, ())),
-            job,
-        )
+    for (job, rank, _), info, view, stat in zip(ranked, info_of, views, stats, strict=True):
         hosts_of[job].add(info.host)
-        view, stats = _rank(info, now, rows[i], ended=up[i] == 0)
         by_job[job].append(view)
-        stats_of[job][rank] = stats
+        stats_of[job][rank] = stat
+    nodes = _nodes(answers, now)
     return {
         job: Snapshot(
             job=job,
@@ -241,296 +265,276 @@ def build_snapshots(
     }
 
 
-_RANK_ANSWERS = (
-    "rank_info",
-    "loader_info",
-    "config_workers",
-    "rank_up",
-    "steps",
-    "step_seconds",
-    "phase_seconds",
-    "samples",
-    "memory",
-    "cpu",
-    "workers",
-)
+# ------------------------------------------------------------------------------------------------
+# objects from columns
+
+_T = TypeVar("_T")
+
+
+def _objects(cls: type[_T], fields: Mapping[str, Sequence[Any]]) -> list[_T]:
+    """Instances of the frozen dataclass ``cls``, one per row of ``fields`` (a column per field,
+    every field of ``cls``), without its generated ``__init__``: one ``object.__setattr__`` per
+    field was most of the rebuild at 4,096 ranks. Each instance's ``__dict__`` is the dict of
+    its row, built in C (``map``, no Python frame per object). ``fields`` includes what a
+    ``__post_init__`` would derive; the tests check that every object equals the one its
+    constructor builds from the same fields."""
+    names = tuple(fields)
+    columns = list(fields.values())
+    count = len(columns[0]) if columns else 0
+    # The columns' lengths are checked once here; each row's zip with the names is then a
+    # plain zip (a strict one per row parsed its keyword every time: twice the cost).
+    rows = zip(*columns, strict=True)
+    objs = list(map(object.__new__, repeat(cls, count)))
+    for obj, values in zip(objs, map(dict, map(zip, repeat(names), rows)), strict=True):
+        object.__setattr__(obj, "__dict__", values)
+    return objs
+
+
+def _new(cls: type[_T], fields: dict[str, Any]) -> _T:
+    """One instance of ``cls`` from every one of its ``fields`` (see :func:`_objects`)."""
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "__dict__", fields)
+    return obj
+
 
 # ------------------------------------------------------------------------------------------------
 # ranks
 
 
-@lru_cache(maxsize=1024)
 def _int(text: str | None) -> int | None:
-    # Cached: a few distinct label values (world size, local rank, batch size) recur on every
-    # rank, four reads per rank.
-    if text is None or text == "":
+    """A label's whole number ("3", also "3.0"), None where absent or not a number."""
+    try:
+        return int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        pass
+    if not text:
         return None
     try:
         return int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 
-def _loader(
-    cache: dict[tuple[object, ...], LoaderConfig],
-    loader: Mapping[str, str],
-    workers: float | None,
-) -> LoaderConfig | None:
-    """The rank's DataLoader settings; ranks with the same settings share one (frozen) object."""
-    if workers is None:
-        return None
-    key = (
-        workers,
-        loader.get("pin_memory"),
-        loader.get("prefetch_factor"),
-        loader.get("persistent_workers"),
-        loader.get("batch_size"),
-    )
-    config = cache.get(key)
-    if config is None:
-        config = cache[key] = LoaderConfig(
-            num_workers=int(workers),
-            pin_memory=loader.get("pin_memory") == "true",
-            prefetch_factor=_int(loader.get("prefetch_factor")),
-            persistent_workers=loader.get("persistent_workers") == "true",
-            batch_size=_int(loader.get("batch_size")),
-            drop_last=False,
-            sampler="",
+@lru_cache(maxsize=1024)
+def _int_or_0(text: str | None) -> int:
+    # Cached: a few distinct label values (world size, local rank, GPU index) recur on every
+    # rank or GPU. (Rank numbers, all distinct, go through _int: a cache only churned.)
+    return _int(text) or 0
+
+
+def _loaders(
+    ranked: Sequence[tuple[str, int, Any]],
+    loaders: Mapping[Any, Mapping[str, str]],
+    config_workers: Sequence[float | None],
+) -> list[LoaderConfig | None]:
+    """Each rank's DataLoader settings (None where no configured worker count was exported);
+    ranks with the same settings share one (frozen) object."""
+    labels = [loaders.get(key, _NO_LABELS) for _, _, key in ranked]
+    keys = list(
+        zip(
+            config_workers,
+            *(
+                map(methodcaller("get", name), labels)
+                for name in ("pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
+            ),
+            strict=True,
         )
-    return config
+    )
+    configs: dict[tuple[Any, ...], LoaderConfig | None] = dict.fromkeys(keys)
+    for key in configs:
+        workers, pin, prefetch, persistent, batch = key
+        if workers is not None:
+            configs[key] = LoaderConfig(
+                num_workers=int(workers),
+                pin_memory=pin == "true",
+                prefetch_factor=_int(prefetch),
+                persistent_workers=persistent == "true",
+                batch_size=_int(batch),
+                drop_last=False,
+                sampler="",
+            )
+    return list(map(configs.__getitem__, keys))
 
 
-def _rank_info(
-    rank: int,
-    labels: Mapping[str, str],
-    config: LoaderConfig | None,
-    devices: Sequence[tuple[int, str]],
-    job: str,
-) -> RankInfo:
-    # Built as the steps are (:func:`_new`): the constructor's per-field setattr was ~20% of
-    # the rebuild's own work at 4,096 ranks.
-    return _new(
+_NO_LABELS: Mapping[str, str] = {}
+
+
+def _rank_infos(
+    ranked: Sequence[tuple[str, int, Any]],
+    infos: Mapping[Any, Mapping[str, str]],
+    loaders: Mapping[Any, Mapping[str, str]],
+    owned: Mapping[Any, tuple[tuple[int, ...], tuple[str, ...]]],
+    config_workers: Sequence[float | None],
+) -> list[RankInfo]:
+    """Each rank's identity, from its ``auditor_rank_info`` and dataloader labels and the GPUs
+    whose series name it (``owned``: their indexes and UUIDs by rank key)."""
+    n = len(ranked)
+    keys = [key for _, _, key in ranked]
+    labels = list(map(infos.get, keys, [_NO_LABELS] * n))
+
+    def label(name: str, default: str) -> list[str]:
+        return list(map(methodcaller("get", name, default), labels))
+
+    devices = list(map(owned.get, keys, [((), ())] * n))
+    return _objects(
         RankInfo,
         {
-            "rank": rank,
-            "world_size": _int(labels.get("world_size")) or 0,
-            "local_rank": _int(labels.get("local_rank")) or 0,
-            "host": labels.get("node", ""),
-            "pid": 0,
-            "device": labels.get("device", "cpu"),
-            "parallel_mode": labels.get("parallel_mode", "none"),
-            "devices": tuple(index for index, _ in devices),
-            "device_uuids": tuple(uuid for _, uuid in devices),
-            "loader": config,
-            "unmeasured": (),
-            "job": job,
-            "off_thread_collectives": 0,
-            "key": None,
+            "rank": [rank for _, rank, _ in ranked],
+            "world_size": list(map(_int_or_0, label("world_size", ""))),
+            "local_rank": list(map(_int_or_0, label("local_rank", ""))),
+            "host": label("node", ""),
+            "pid": [0] * n,
+            "device": label("device", "cpu"),
+            "parallel_mode": label("parallel_mode", "none"),
+            "devices": [d[0] for d in devices],
+            "device_uuids": [d[1] for d in devices],
+            "loader": _loaders(ranked, loaders, config_workers),
+            "unmeasured": [()] * n,
+            "job": [job for job, _, _ in ranked],
+            "off_thread_collectives": [0] * n,
+            "key": [None] * n,
         },
     )
 
 
-_T = TypeVar("_T")
+def _floats(values: Sequence[int | None]) -> list[float | None]:
+    return [None if x is None else float(x) for x in values]
 
 
-def _new(cls: type[_T], fields: dict[str, Any]) -> _T:
-    """An instance of the frozen dataclass ``cls`` from every one of its ``fields``, without
-    its generated ``__init__`` (one ``object.__setattr__`` per field: a third of the rebuild at
-    4,096 ranks). Only for classes with no ``__post_init__``; the tests check that every field
-    is given and that the result equals the constructor's."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
+def _ranks(
+    infos: Sequence[RankInfo], now: float, col: Callable[[str], Column]
+) -> tuple[list[RankView], list[RankStats]]:
+    """Each rank's view (its mean step over the window, its CPU) and the statistics the rules
+    read, which :func:`auditor.analysis.stats.rank_stats` would reduce that view to, built from
+    the same columns at once.
 
-
-def _bytes(value: float | None) -> int | None:
-    """An integral figure (bytes, a count, a PCIe generation), None where unknown."""
-    return None if value is None else int(value)
-
-
-def _nones(values: Column) -> list[Any]:
-    return [None if x != x else x for x in values.tolist()]
-
-
-def _ints(values: Column) -> list[int | None]:
-    """An integral figure (bytes, a count), None where unknown."""
-    return [None if x != x else int(x) for x in values.tolist()]
-
-
-def _rank_rows(
-    col: Callable[[str], Column],
-    phases: Mapping[str, Column],
-    memory: Mapping[str, Column],
-    cpu: Mapping[str, Column],
-    nan: Column,
-) -> list[tuple[Any, ...]]:
-    """Each rank's figures: the window's mean step (``n`` steps took ``dt`` seconds; step
-    figures None where no step finished in it) and its CPU, one tuple per rank (see
-    :func:`_rank`)."""
+    A rank's mean step: ``n`` steps took ``dt`` seconds; no step sample where none finished in
+    the window. Its CPU: a rank with any CPU series was seen by a node agent.
+    """
+    count = len(infos)
     n = col("steps")
     dt = col("step_seconds")
     stepped = ((n > 0) & (dt > 0)).tolist()  # NaN compares False: no step
+    phase = {p: col(sub_key("phase_seconds", p)) for p in PHASES}
     with np.errstate(divide="ignore", invalid="ignore"):
-
-        def per_step(phase: str) -> list[float]:
-            c = phases.get(phase, nan)
-            return (np.where(np.isnan(c), 0.0, c) / n).tolist()  # unmeasured: 0
-
         step_s = (dt / n).tolist()
-        wait = _nones(phases.get("collective_wait", nan) / n)
-        # (infinite where no step was taken: those ranks get no step sample)
-        batch = [round(x) if isfinite(x) else None for x in (col("samples") / n).tolist()]
+        wait = optional(phase["collective_wait"] / n)
+        # Unmeasured phases count 0.
         data, h2d, fwd, bwd, opt = (
-            per_step(p) for p in ("data_wait", "h2d", "forward", "backward", "optimizer")
+            (np.where(np.isnan(phase[p]), 0.0, phase[p]) / n).tolist()
+            for p in ("data_wait", "h2d", "forward", "backward", "optimizer")
         )
-    count = [max(1, round(x)) if x == x else 1 for x in n.tolist()]
-    rss, allocated, peak = (_ints(memory.get(k, nan)) for k in _MEMORY_KINDS)
-    # A rank with any CPU series was seen by a node agent.
-    seen = np.zeros(len(n), dtype=bool)
-    for c in cpu.values():
-        seen |= ~np.isnan(c)
-    main = _nones(cpu.get("main", nan))
-    total = _nones(cpu.get("workers", nan))
-    workers = [round(x) if x == x else 0 for x in col("workers").tolist()]
-    return list(
-        zip(
-            stepped, step_s, data, h2d, fwd, bwd, opt, wait, batch, rss, allocated, peak, count,
-            seen.tolist(), main, total, workers, strict=True,
-        )
-    )  # fmt: skip
-
-
-def _rank(
-    info: RankInfo, now: float, row: tuple[Any, ...], *, ended: bool
-) -> tuple[RankView, RankStats]:
-    """One rank's view (its mean step, its CPU) and the statistics the rules read, which
-    :func:`auditor.analysis.stats.rank_stats` would reduce that view to, built from the same
-    figures at once."""
-    (
-        stepped, step_s, data, h2d, fwd, bwd, opt, wait, batch, rss, allocated, peak, count,
-        seen, main, total, n,
-    ) = row  # fmt: skip
-    rank = info.rank
+        # (infinite where no step was taken: those ranks get no step sample)
+        batch = rounded(col("samples") / n, None)
+    steps_in = rounded(np.fmax(n, 1.0), 1)  # at least 1 (NaN: 1)
+    rss, allocated, peak = (optional_ints(col(sub_key("memory", k))) for k in _MEMORY_KINDS)
+    main_col, total_col = (col(sub_key("cpu", p)) for p in C.CPU_PROCESSES)
+    seen = (~np.isnan(main_col) | ~np.isnan(total_col)).tolist()
+    main, total = optional(main_col), optional(total_col)
+    workers = rounded(col("workers"), 0)
     # The endpoint exports the workers' sum; the rules read the sum and the count.
-    each = () if not n or total is None else (total / n,) * n
-    cpu = (
-        (
-            _new(
-                ProcessCpu,
-                {
-                    "rank": rank,
-                    "time": now,
-                    "pid": 0,
-                    "main_cpu": main,
-                    "worker_cpu": each,
-                    "rss_bytes": rss,
-                    "worker_rss_bytes": None,
-                },
-            ),
-        )
-        if seen
-        else ()
-    )
-    if stepped:
-        step = _new(
-            StepSample,
-            {
-                "rank": rank,
-                "step": 0,
-                "time": now,
-                "step_s": step_s,
-                "data_wait_s": data,
-                "h2d_s": h2d,
-                "forward_s": fwd,
-                "backward_s": bwd,
-                "optimizer_s": opt,
-                "collective_wait_s": wait,
-                "batch_size": batch,
-                "rss_bytes": rss,
-                "mem_allocated_bytes": allocated,
-                "mem_reserved_bytes": None,
-                "mem_peak_bytes": peak,
-                "data_cpu_s": None,
-                "collective_ops": None,
-                # Serve carries no micro-batch count (no metric for it): one per step.
-                "micro_batches": 1,
-                "count": count,
-            },
-        )
-        figures = {
-            "steps": count,
-            "step_s": step_s or 0.0,
-            "data_wait_s": data or 0.0,
-            "h2d_s": h2d or 0.0,
-            "forward_s": fwd or 0.0,
-            "backward_s": bwd or 0.0,
-            "optimizer_s": opt or 0.0,
+    each = [() if not w or t is None else (t / w,) * w for w, t in zip(workers, total, strict=True)]
+    ranks = [info.rank for info in infos]
+    nones = [None] * count
+    at = [now] * count
+
+    samples = _objects(
+        StepSample,
+        {
+            "rank": ranks,
+            "step": [0] * count,
+            "time": at,
+            "step_s": step_s,
+            "data_wait_s": data,
+            "h2d_s": h2d,
+            "forward_s": fwd,
+            "backward_s": bwd,
+            "optimizer_s": opt,
             "collective_wait_s": wait,
-            "compute_s": (h2d + fwd + bwd + opt) or 0.0,
-            # Per-step figures here are means already (total / steps over the window): the pace
-            # of a loader with workers too (RankStats.mean_step_s).
-            "mean_step_s": step_s or 0.0,
-            "mean_data_wait_s": data or 0.0,
-            "mean_collective_wait_s": wait,
-            "batch_size": None if batch is None else float(batch),
-            "rss_bytes": None if rss is None else float(rss),
-            "mem_allocated_bytes": None if allocated is None else float(allocated),
-            "mem_peak_bytes": None if peak is None else float(peak),
-        }
-    else:
-        figures = _NO_STEP
-    workers = len(each) if seen else 0
-    view = _new(
+            "batch_size": batch,
+            "rss_bytes": rss,
+            "mem_allocated_bytes": allocated,
+            "mem_reserved_bytes": nones,
+            "mem_peak_bytes": peak,
+            "data_cpu_s": nones,
+            "collective_ops": nones,
+            # Serve carries no micro-batch count (no metric for it): one per step.
+            "micro_batches": [1] * count,
+            "count": steps_in,
+        },
+    )
+    cpus = _objects(
+        ProcessCpu,
+        {
+            "rank": ranks,
+            "time": at,
+            "pid": [0] * count,
+            "main_cpu": main,
+            "worker_cpu": each,
+            "rss_bytes": rss,
+            "worker_rss_bytes": nones,
+        },
+    )
+    views = _objects(
         RankView,
         {
-            "info": info,
-            "steps": (step,) if stepped else (),
-            "cpu": cpu,
-            "ended": ended,
-            "memory": None,
+            "info": infos,
+            "steps": [(s,) if ok else () for s, ok in zip(samples, stepped, strict=True)],
+            "cpu": [(c,) if ok else () for c, ok in zip(cpus, seen, strict=True)],
+            "ended": (col("rank_up") == 0).tolist(),
+            "memory": nones,
         },
     )
-    stats = _new(
+
+    def stepping(values: Sequence[Any], otherwise: Any) -> list[Any]:
+        """A statistic over the window's steps: ``otherwise`` for a rank with none."""
+        return [v if ok else otherwise for v, ok in zip(values, stepped, strict=True)]
+
+    # Per-step figures are means already (total / steps over the window): the pace of a loader
+    # with workers too (RankStats.mean_step_s).
+    step_f, data_f = stepping(step_s, 0.0), stepping(data, 0.0)
+    wait_f = stepping(wait, None)
+    stats = _objects(
         RankStats,
         {
-            "rank": rank,
-            "host": info.host,
-            "device": info.device,
-            **figures,
-            "loader": info.loader,
-            "data_cpu_s": None,
-            "collective_ops": None,
-            "mean_collective_ops": None,
-            "main_cpu": main if seen else None,
-            "worker_cpu": sum(each) if workers else None,
-            "workers": workers,
-            "worker_rss_bytes": None,
-            "main_rss_bytes": None if not seen or rss is None else float(rss),
-            "micro_batches": 1.0,
+            "rank": ranks,
+            "host": [info.host for info in infos],
+            "device": [info.device for info in infos],
+            "steps": stepping(steps_in, 0),
+            "step_s": step_f,
+            "data_wait_s": data_f,
+            "h2d_s": stepping(h2d, 0.0),
+            "forward_s": stepping(fwd, 0.0),
+            "backward_s": stepping(bwd, 0.0),
+            "optimizer_s": stepping(opt, 0.0),
+            "collective_wait_s": wait_f,
+            "compute_s": stepping(
+                [(a + b + c + d) or 0.0 for a, b, c, d in zip(h2d, fwd, bwd, opt, strict=True)],
+                0.0,
+            ),
+            "mean_step_s": step_f,
+            "mean_data_wait_s": data_f,
+            "mean_collective_wait_s": wait_f,
+            "batch_size": stepping(_floats(batch), None),
+            "rss_bytes": stepping(_floats(rss), None),
+            "mem_allocated_bytes": stepping(_floats(allocated), None),
+            "mem_peak_bytes": stepping(_floats(peak), None),
+            "loader": [info.loader for info in infos],
+            "data_cpu_s": nones,
+            "collective_ops": nones,
+            "mean_collective_ops": nones,
+            "main_cpu": [m if ok else None for m, ok in zip(main, seen, strict=True)],
+            "worker_cpu": [sum(e) if e and ok else None for e, ok in zip(each, seen, strict=True)],
+            "workers": [len(e) if ok else 0 for e, ok in zip(each, seen, strict=True)],
+            "worker_rss_bytes": nones,
+            "main_rss_bytes": [
+                None if not ok or r is None else float(r) for r, ok in zip(rss, seen, strict=True)
+            ],
+            "micro_batches": [1.0] * count,
+            "local_s": [local_time(s, w) for s, w in zip(step_f, wait_f, strict=True)],
         },
     )
-    return view, stats
-
-
-# A rank with no step in the window: what reducing no samples gives.
-_NO_STEP: dict[str, Any] = {
-    "steps": 0,
-    "step_s": 0.0,
-    "data_wait_s": 0.0,
-    "h2d_s": 0.0,
-    "forward_s": 0.0,
-    "backward_s": 0.0,
-    "optimizer_s": 0.0,
-    "collective_wait_s": None,
-    "compute_s": 0.0,
-    "mean_step_s": 0.0,
-    "mean_data_wait_s": 0.0,
-    "mean_collective_wait_s": None,
-    "batch_size": None,
-    "rss_bytes": None,
-    "mem_allocated_bytes": None,
-    "mem_peak_bytes": None,
-}
+    return views, stats
 
 
 # ------------------------------------------------------------------------------------------------
@@ -578,11 +582,11 @@ def _gpu_stats(
     missing GPU must not read as an idle one.
     """
     identity: dict[str, Mapping[str, str]] = {}
-    for labels in as_vector(answers.get("gpu_up")).labels:
-        uuid = labels.get("uuid", "")
+    for series in as_vector(answers.get("gpu_up")).labels:
+        uuid = series.get("uuid", "")
         # A GPU that changed owner in the window has a series per owner; an owner beats none.
-        if uuid and (uuid not in identity or labels.get("job")):
-            identity[uuid] = labels
+        if uuid and (uuid not in identity or series.get("job")):
+            identity[uuid] = series
     if wanted is not None:
         identity = {
             u: x for u, x in identity.items() if x.get("job", "") in wanted or not x.get("job")
@@ -595,12 +599,12 @@ def _gpu_stats(
         used, total = v["gpu_mem_used"], v["gpu_mem_total"]
         clock, clock_max = v["gpu_sm_clock"], v["gpu_sm_clock_max"]
         # x / y where both are known and y is not 0 (nor NaN), else None.
-        mem_ratio = _nones(np.where(total != 0, used / total, np.nan))
-        clock_ratio = _nones(np.where(clock_max != 0, clock / clock_max, np.nan))
+        mem_ratio = optional(np.where(total != 0, used / total, np.nan))
+        clock_ratio = optional(np.where(clock_max != 0, clock / clock_max, np.nan))
     # Every figure as one list over the GPUs, by DeviceStats field; each GPU's fields are then
     # one dict(zip(...)) (C-level), not a dict built field by field.
     figures: dict[str, list[Any]] = {
-        "samples": [round(x) if x == x else 0 for x in v["gpu_samples"].tolist()],
+        "samples": rounded(v["gpu_samples"], 0),
         "lost": (v["gpu_lost"] == 1).tolist(),
         "span_s": [max(0.0, x) if x == x else 0.0 for x in v["gpu_span"].tolist()],
     }
@@ -613,9 +617,9 @@ def _gpu_stats(
         ("power_w", "gpu_power"),
         ("power_limit_w", "gpu_power_limit"),
     ):
-        figures[field] = _nones(v[key])
-    figures["sm_clock_mhz"] = _nones(clock / _MHZ)
-    figures["sm_clock_max_mhz"] = _nones(clock_max / _MHZ)
+        figures[field] = optional(v[key])
+    figures["sm_clock_mhz"] = optional(clock / _MHZ)
+    figures["sm_clock_max_mhz"] = optional(clock_max / _MHZ)
     for field, key in (
         ("mem_used_max_bytes", "gpu_mem_used_max"),
         ("mem_total_bytes", "gpu_mem_total"),
@@ -624,10 +628,9 @@ def _gpu_stats(
         ("pcie_width", "gpu_pcie_width"),
         ("pcie_width_max", "gpu_pcie_width_max"),
     ):
-        figures[field] = _ints(v[key])
+        figures[field] = optional_ints(v[key])
     figures["mem_ratio"] = mem_ratio
     figures["sm_clock_ratio"] = clock_ratio
-    names = tuple(figures)
     throttle: dict[str, dict[str, float]] = defaultdict(dict)
     answer = as_vector(answers.get("gpu_throttle"))
     for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
@@ -635,31 +638,39 @@ def _gpu_stats(
             throttle[labels.get("uuid", "")][labels.get("reason", "other")] = value
     # GPUs whose driver reports reasons at all: the others' throttle share is unknown, not 0.
     read = set(as_vector(answers.get("gpu_throttle_read")).label("uuid"))
-
-    out: dict[str, tuple[DeviceStats, str, str]] = {}
-    per_gpu = zip(*figures.values(), strict=True)
-    for (uuid, labels), row in zip(identity.items(), per_gpu, strict=True):
-        fields = dict(zip(names, row, strict=True))
-        if fields["samples"] <= 0:
-            continue
-        mine = throttle.get(uuid)
-        reasons = {r: x for r, x in mine.items() if r not in IDLE_REASONS} if mine else {}
-        ordered = tuple(sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r]))
-        fields.update(
-            {
-                "uuid": uuid,
-                "node": labels.get("node", ""),
-                "index": _int(labels.get("gpu")) or 0,
-                "model": labels.get("model", ""),
-                "throttle_share": max(reasons.values(), default=0.0) if uuid in read else None,
-                "throttle_reasons": ordered,
-                "process_count": 0,  # no rule reads it; the dashboards have auditor_gpu_processes
-                "processes": (),
-            }
+    share: dict[str, float] = {}
+    ordered: dict[str, tuple[str, ...]] = {}
+    for uuid, mine in throttle.items():
+        reasons = {r: x for r, x in mine.items() if r not in IDLE_REASONS}
+        share[uuid] = max(reasons.values(), default=0.0)
+        ordered[uuid] = tuple(
+            sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r])
         )
-        stats = _new(DeviceStats, fields)
-        out[uuid] = (stats, labels.get("job", ""), labels.get("rank", ""))
-    return out
+
+    uuids = list(identity)
+    identities = list(identity.values())
+
+    def label(name: str) -> list[str]:
+        return list(map(methodcaller("get", name, ""), identities))
+
+    count = len(uuids)
+    figures |= {
+        "uuid": uuids,
+        "node": label("node"),
+        "index": list(map(_int_or_0, label("gpu"))),
+        "model": label("model"),
+        "throttle_share": [share.get(u, 0.0) if u in read else None for u in uuids],
+        "throttle_reasons": [ordered.get(u, ()) for u in uuids],
+        "process_count": [0] * count,  # no rule reads it; the dashboards have auditor_gpu_processes
+        "processes": [()] * count,
+    }
+    jobs, ranks = label("job"), label("rank")
+    answered = [n > 0 for n in figures["samples"]]
+    if not all(answered):
+        figures = {k: list(compress(v, answered)) for k, v in figures.items()}
+        uuids, jobs, ranks = (list(compress(v, answered)) for v in (uuids, jobs, ranks))
+    stats = _objects(DeviceStats, figures)
+    return dict(zip(uuids, zip(stats, jobs, ranks, strict=True), strict=True))
 
 
 _GPU_FIGURES = (

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from auditor.analysis.advisor import comm_floor, job_step_s, predicted_speedup
 from auditor.analysis.findings import Finding, severity_for
-from auditor.analysis.measures import peer_median, ready
+from auditor.analysis.measures import PeerMedians, peer_median, ready
 from auditor.analysis.stats import RankStats
 from tests.helpers.jobs import JobBuilder, RankSpec
 
@@ -141,3 +143,23 @@ def test_common_helpers() -> None:
     assert peer_median({0: 1.0}, 0) is None
     stats = {0: _rs(0, 0.1, 0.0, steps=8), 1: _rs(1, 0.1, 0.0, steps=7), 2: _rs(2, 0.0, None)}
     assert set(ready(stats, 8)) == {0}
+
+
+@pytest.mark.parametrize("size", range(7))
+def test_peer_medians_equal_one_median_per_key(size: int) -> None:
+    """Every key's peer median, read off the one sort, is the median of the others' values
+    taken afresh: odd and even counts, ties, keys with no value, keys not in the set."""
+    rng = random.Random(size)
+    for _ in range(50):
+        values: dict[int, float | None] = {
+            k: rng.choice([None, float(rng.randint(0, 4)), rng.random()]) for k in range(size)
+        }
+        medians = PeerMedians(values)
+        measured = {k: v for k, v in values.items() if v is not None}
+        for key in [*values, -1]:
+            expected = (
+                peer_median(measured, key)
+                if key in measured
+                else (peer_median(measured, -1) if measured else None)
+            )
+            assert medians.get(key) == expected, (values, key)

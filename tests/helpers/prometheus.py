@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from auditor.metrics.query import Series
-from auditor.service.promsnapshot import queries
+from auditor.service.promsnapshot import queries, sub_key
 
 WINDOW_S = 60.0
 QUERIES = queries(WINDOW_S)
@@ -78,12 +78,12 @@ def job_answers(
         put("steps", key, STEPS)
         put("step_seconds", key, STEPS * STEP_S)
         for phase, seconds in phases.items():
-            put("phase_seconds", {**key, "phase": phase}, STEPS * seconds)
+            put(sub_key("phase_seconds", phase), key, STEPS * seconds)
         put("samples", key, STEPS * 32)
         for memory, value in (("rss", 6e9), ("allocated", 20e9)):
-            put("memory", {**key, "memory": memory}, value)
-        put("cpu", {**key, "process": "main"}, 1.0)
-        put("cpu", {**key, "process": "workers"}, 0.95 if is_starved else 0.4)
+            put(sub_key("memory", memory), key, value)
+        put(sub_key("cpu", "main"), key, 1.0)
+        put(sub_key("cpu", "workers"), key, 0.95 if is_starved else 0.4)
         put("workers", key, 1.0)
     for node in NODES.values():
         labels = {"job": job, "node": node}

@@ -31,7 +31,7 @@ from auditor.samples import (
     RankInfo,
     StepSample,
 )
-from auditor.service.promsnapshot import queries
+from auditor.service.promsnapshot import queries, sub_key
 
 WINDOW_S = 60.0
 JOB = "bench-job"
@@ -150,14 +150,14 @@ def answers(
         put("steps", key, n)
         put("step_seconds", key, n * STEP_S)
         for p, v in f.phase_seconds.items():
-            put("phase_seconds", {**key, "phase": p}, v)
+            put(sub_key("phase_seconds", p), key, v)
         put("samples", key, n * BATCH)
         for memory, value in MEMORY.items():
             if memory == "reserved":
                 continue  # not asked for: no rule reads it
-            put("memory", {**key, "memory": memory}, value)
-        put("cpu", {**key, "process": "main"}, 1.0)
-        put("cpu", {**key, "process": "workers"}, f.workers_cpu)
+            put(sub_key("memory", memory), key, value)
+        put(sub_key("cpu", "main"), key, 1.0)
+        put(sub_key("cpu", "workers"), key, f.workers_cpu)
         put("workers", key, 2.0)
         gpu = {
             "node": f.node,

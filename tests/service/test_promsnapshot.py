@@ -19,7 +19,7 @@ from auditor.analysis.stats import rank_stats
 from auditor.metrics import catalog as C
 from auditor.metrics.query import Series
 from auditor.report.phrasing import phrase
-from auditor.service.promsnapshot import build_snapshots, queries, running_jobs
+from auditor.service.promsnapshot import build_snapshots, queries, running_jobs, sub_key
 from tests.helpers import servejob
 from tests.helpers.tools import require_tool
 
@@ -58,12 +58,12 @@ def rank_answers(
     put(answers, "steps", key, steps)
     put(answers, "step_seconds", key, steps * step_s)
     for phase, per_step in (phases or {}).items():
-        put(answers, "phase_seconds", {**key, "phase": phase}, steps * per_step)
+        put(answers, sub_key("phase_seconds", phase), key, steps * per_step)
     put(answers, "samples", key, steps * 32)
     for memory, value in (("rss", 3e9), ("peak", 20e9)):
-        put(answers, "memory", {**key, "memory": memory}, value)
-    put(answers, "cpu", {**key, "process": "main"}, 1.0)
-    put(answers, "cpu", {**key, "process": "workers"}, 1.6)
+        put(answers, sub_key("memory", memory), key, value)
+    put(answers, sub_key("cpu", "main"), key, 1.0)
+    put(answers, sub_key("cpu", "workers"), key, 1.6)
     put(answers, "workers", key, 2)
 
 
@@ -178,6 +178,17 @@ def test_rank_identity_loader_and_cpu() -> None:
     assert cpu.main_cpu == 1.0 and cpu.worker_cpu == (0.8, 0.8)
 
 
+def test_a_rank_owning_several_gpus_lists_them_in_index_order() -> None:
+    """A DataParallel rank drives every GPU of its node: their series all name it, in whatever
+    order Prometheus lists them."""
+    answers = two_ranks()
+    for uuid, index in (("GPU-c", 2), ("GPU-a", 0), ("GPU-d", 3), ("GPU-b", 1)):
+        gpu_answers(answers, uuid, index=index, job=JOB, rank="0")
+    info = build_snapshots(answers, NOW, WINDOW)[JOB].ranks[0].info
+    assert info.devices == (0, 1, 2, 3)
+    assert info.device_uuids == ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
+
+
 def test_no_step_in_the_window_gives_no_sample() -> None:
     answers = two_ranks()
     answers["steps"] = [s for s in answers["steps"] if s.labels["rank"] != "1"]
@@ -188,8 +199,7 @@ def test_no_step_in_the_window_gives_no_sample() -> None:
 
 def test_nan_answers_are_ignored() -> None:
     answers = two_ranks()
-    answers["memory"].append(Series({"job": JOB, "rank": "0", "memory": "allocated"},
-                                    ((NOW, math.nan),)))  # fmt: skip
+    put(answers, sub_key("memory", "allocated"), {"job": JOB, "rank": "0"}, math.nan)
     (step,) = build_snapshots(answers, NOW, WINDOW)[JOB].ranks[0].steps
     assert step.mem_allocated_bytes is None
 
@@ -246,7 +256,13 @@ def test_the_same_rules_judge_it() -> None:
 def test_every_query_names_catalog_metrics_and_parses(tmp_path: Path) -> None:
     exprs = queries(WINDOW)
     # The ranks', nodes' and GPUs' queries are all there (a lost one would be checked by nobody).
-    assert {"rank_info", "steps", "phase_seconds", "node_cores", "gpu_up"} <= set(exprs)
+    assert {
+        "rank_info",
+        "steps",
+        sub_key("phase_seconds", "forward"),
+        "node_cores",
+        "gpu_up",
+    } <= set(exprs)
     for key, expr in exprs.items():
         names = set(re.findall(r"\bauditor_[a-z0-9_]+", expr))
         assert names and names <= set(C.BY_NAME), (key, names)
@@ -298,9 +314,10 @@ def test_stats_and_objects_equal_the_reductions_and_constructors() -> None:
     # A rank with no step in the window, one with no CPU series, NaN and unmeasured figures.
     rank_answers(answers, 2, steps=0.0)
     rank_answers(answers, 3, phases=WAITING)
-    answers["cpu"] = [s for s in answers["cpu"] if s.labels["rank"] != "3"]
-    answers["memory"].append(Series({"job": JOB, "rank": "0", "memory": "allocated"},
-                                    ((NOW, math.nan),)))  # fmt: skip
+    for process in C.CPU_PROCESSES:
+        key = sub_key("cpu", process)
+        answers[key] = [s for s in answers[key] if s.labels["rank"] != "3"]
+    put(answers, sub_key("memory", "allocated"), {"job": JOB, "rank": "0"}, math.nan)
     _built_alike(build_snapshots(answers, NOW, WINDOW)[JOB])
     big = servejob.answers(64, scrape_s=15.0, now=NOW)
     _built_alike(build_snapshots(big, NOW, servejob.WINDOW_S)[servejob.JOB])
@@ -317,6 +334,9 @@ def test_only_the_gpus_of_the_jobs_asked_for() -> None:
 
 
 def test_memory_asks_only_for_the_kinds_the_rules_read() -> None:
-    expr = queries(WINDOW)["memory"]
-    assert 'memory=~"rss|allocated|peak"' in expr
+    exprs = queries(WINDOW)
+    asked = sorted(key for key in exprs if key.startswith("memory:"))
+    assert asked == sorted(sub_key("memory", kind) for kind in ("rss", "allocated", "peak"))
+    for key in asked:
+        assert f'memory="{key.split(":")[1]}"' in exprs[key]
     assert not {"steps_total", "gpu_processes", "gpu_first", "gpu_last"} & set(queries(WINDOW))
