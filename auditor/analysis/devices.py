@@ -304,7 +304,8 @@ def owners_of(
         for rank, sightings in _pid_sightings(samples, unsaid).items():
             for uuid in _owned_by_pid(by_rank[rank], sightings, index):
                 owners[uuid].add(rank)
-    return {uuid: tuple(sorted(rs)) for uuid, rs in owners.items()}
+    # (Most GPUs have one owner: no sort to make.)
+    return {uuid: tuple(rs) if len(rs) < 2 else tuple(sorted(rs)) for uuid, rs in owners.items()}
 
 
 def rank_gpus(owners: Mapping[str, Sequence[int]]) -> dict[int, tuple[str, ...]]:

@@ -86,8 +86,14 @@ class PeerMedians:
 
 
 def measured_gpus(snapshot: Snapshot, min_samples: int) -> dict[str, DeviceStats]:
-    """The snapshot's GPUs still on the bus with at least ``min_samples`` samples."""
-    return {u: d for u, d in snapshot.gpu_stats.items() if not d.lost and d.samples >= min_samples}
+    """The snapshot's GPUs still on the bus with at least ``min_samples`` samples (kept per
+    snapshot: five rules ask; shared, do not change it)."""
+    return snapshot.kept(
+        ("measured_gpus", min_samples),
+        lambda: {
+            u: d for u, d in snapshot.gpu_stats.items() if not d.lost and d.samples >= min_samples
+        },
+    )
 
 
 def dp_gpu_order(
@@ -312,8 +318,18 @@ def rank_memory_fits(
     snapshot: Snapshot, *, min_steps: int, min_samples: int
 ) -> dict[int, tuple[MemoryFit, DeviceStats | None]]:
     """Each ready rank's fit and its (heaviest) GPU, for the ranks that have a fit;
-    memory_pressure and memory_headroom both read it. The only measure here that reads raw GPU
-    samples: memory against the batch in progress when each was read."""
+    memory_pressure and memory_headroom both read it (kept per snapshot: shared, do not change
+    it). The only measure here that reads raw GPU samples: memory against the batch in progress
+    when each was read."""
+    return snapshot.kept(
+        ("rank_memory_fits", min_steps, min_samples),
+        lambda: _rank_memory_fits(snapshot, min_steps, min_samples),
+    )
+
+
+def _rank_memory_fits(
+    snapshot: Snapshot, min_steps: int, min_samples: int
+) -> dict[int, tuple[MemoryFit, DeviceStats | None]]:
     stats = snapshot.ready(min_steps)
     dstats = measured_gpus(snapshot, min_samples)
     gpus_of = snapshot.gpus_of

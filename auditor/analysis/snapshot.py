@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar
 
 from auditor.samples import (
     Batch,
@@ -25,6 +26,8 @@ from auditor.samples import (
 
 from .devices import DeviceStats, owners_of, rank_gpus, reduce_devices, strays_of
 from .stats import RankStats, rank_stats
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,21 @@ class Snapshot:
         """Per-GPU figures over the window by UUID, one shape for both paths: the raw samples
         reduced here (live path) and the figures Prometheus reduced (``gpus``, serve)."""
         return reduce_devices(self.devices, self.gpus)
+
+    @cached_property
+    def gpus_in_place(self) -> list[tuple[str, DeviceStats]]:
+        """``gpu_stats`` in node and index order (the order findings about GPUs come in)."""
+        return sorted(self.gpu_stats.items(), key=lambda kv: (kv[1].node, kv[1].index))
+
+    @cached_property
+    def view_of(self) -> dict[int, RankView]:
+        """Each rank's view by rank (shared, do not change it)."""
+        return {v.info.rank: v for v in self.ranks}
+
+    @cached_property
+    def most_steps(self) -> int:
+        """The most steps any rank took in the window (0 without ranks)."""
+        return max((v.step_count for v in self.ranks), default=0)
 
     @cached_property
     def owners(self) -> dict[str, tuple[int, ...]]:
@@ -150,15 +168,23 @@ class Snapshot:
         """Ranks with at least ``min_steps`` steps in the window (and a step time): the ones the
         rules judge. Kept per ``min_steps`` (shared, do not change it): most rules ask, with the
         same threshold, and each filtering of 4,096 ranks cost ~1 ms."""
-        out = self._ready.get(min_steps)
-        if out is None:
-            out = self._ready[min_steps] = {
-                r: s for r, s in self.stats.items() if s.steps >= min_steps and s.step_s > 0
-            }
-        return out
+        return self.kept(
+            ("ready", min_steps),
+            lambda: {r: s for r, s in self.stats.items() if s.steps >= min_steps and s.step_s > 0},
+        )
+
+    def kept(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """``make()``, computed once per snapshot and ``key``: a measure several rules read with
+        the same thresholds (the key names the measure and its thresholds). The result is
+        shared: do not change it."""
+        try:
+            return self._kept[key]
+        except KeyError:
+            out = self._kept[key] = make()
+            return out
 
     @cached_property
-    def _ready(self) -> dict[int, dict[int, RankStats]]:
+    def _kept(self) -> dict[Hashable, Any]:
         return {}
 
 

@@ -59,14 +59,12 @@ def detect(
         max_util: median utilisation (0..1) at or below which a GPU counts as idle.
         min_mem_bytes: memory in use that counts as held where NVML lists no process.
     """
-    steps = [v.step_count for v in snapshot.ranks]
-    if snapshot.ranks and max(steps, default=0) < min_steps:
+    if snapshot.ranks and snapshot.most_steps < min_steps:
         return []
     owners = snapshot.owners
     strays = snapshot.strays
     findings: list[Finding] = []
-    stats = snapshot.gpu_stats
-    for uuid, d in sorted(stats.items(), key=lambda kv: (kv[1].node, kv[1].index)):
+    for uuid, d in snapshot.gpus_in_place:
         if d.lost or d.samples < min_samples or d.gpu_util is None or d.gpu_util > max_util:
             continue
         used = d.mem_used_bytes

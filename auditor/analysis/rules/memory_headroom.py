@@ -135,7 +135,6 @@ def detect(
         host_short: on a CPU job, host memory available below this share of its total is
             short (findings then warn; otherwise they stay ``info``).
     """
-    latest = {v.info.rank: latest_micro_batch(v) for v in snapshot.ranks}
     budgeted = budget_models(snapshot, margin=margin)
     findings: list[Finding] = _from_budgets(
         budgeted, pressured, margin=margin, underused=underused, short_ratio=host_short
@@ -146,7 +145,7 @@ def detect(
     for r, (fit, gpu) in sorted(
         rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples).items()
     ):
-        current, accumulated = latest.get(r, (None, 1))
+        current, accumulated = latest_micro_batch(snapshot.view_of.get(r))
         if r in budgeted:
             continue  # measured: the budget's verdict stands
         if gpu is None or not gpu.mem_total_bytes or current is None:

@@ -117,16 +117,15 @@ def detect(
             short of memory (warning).
         host_critical: below this share, critical.
     """
-    if snapshot.ranks and max((v.step_count for v in snapshot.ranks), default=0) < min_steps:
+    if snapshot.ranks and snapshot.most_steps < min_steps:
         return []
     owners = snapshot.owners
     fits = rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples)
-    views = {v.info.rank: v for v in snapshot.ranks}
+    views = snapshot.view_of
     findings: list[Finding] = _host_short(
         snapshot, short=host_short, critical=host_critical, target_ratio=target_ratio
     )
-    stats = snapshot.gpu_stats
-    for uuid, d in sorted(stats.items(), key=lambda kv: (kv[1].node, kv[1].index)):
+    for uuid, d in snapshot.gpus_in_place:
         if d.lost or d.samples < min_samples or not d.mem_total_bytes:
             continue
         ratio = d.mem_ratio_max
