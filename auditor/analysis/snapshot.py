@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from auditor.samples import (
@@ -100,8 +101,9 @@ class Snapshot:
 
     @cached_property
     def most_steps(self) -> int:
-        """The most steps any rank took in the window (0 without ranks)."""
-        return max((v.step_count for v in self.ranks), default=0)
+        """The most steps any rank took in the window (0 without ranks): each rank's statistics
+        count its view's steps (``RankStats.steps`` is ``RankView.step_count``)."""
+        return max(map(attrgetter("steps"), self.stats.values()), default=0)
 
     @cached_property
     def owners(self) -> dict[str, tuple[int, ...]]:

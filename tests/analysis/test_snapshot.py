@@ -332,3 +332,16 @@ def test_one_sample_fast_path_matches_the_general_statistics() -> None:
     two = rank_stats(RankView(info=info, steps=split, cpu=cpu))
     assert one == two
     assert one.steps == 7 and one.compute_s == step.compute_s
+
+
+def test_each_ranks_statistics_count_its_views_steps() -> None:
+    """``most_steps`` reads the statistics' step counts: each equals its view's (several samples,
+    one sample standing for several steps, no step at all)."""
+    store = _store(TIMES, ranks=(0, 1, 2))
+    store.add(Batch(steps=(StepSample(rank=1, step=99, time=10.5, step_s=0.1, count=7),)))
+    store.add(Batch(infos=(RankInfo(rank=3, world_size=4),)))
+    snap = store.snapshot(now=11.0, window_s=20.0)
+    counts = {v.info.rank: v.step_count for v in snap.ranks}
+    assert counts == {0: 10, 1: 17, 2: 10, 3: 0}
+    assert {r: s.steps for r, s in snap.stats.items()} == counts
+    assert snap.most_steps == 17

@@ -159,7 +159,8 @@ def detect(
             loading, for its predicted speed-up (2.0 = half the cost).
     """
     # At each rank's pace: with workers, the mean step and wait over their rounds of arrivals.
-    stats = {r: s.paced() for r, s in snapshot.ready(min_steps).items()}
+    ready = snapshot.ready(min_steps)
+    stats = dict(zip(ready, map(RankStats.paced, ready.values()), strict=True))
     starved = {
         r: s
         for r, s in stats.items()
@@ -175,7 +176,8 @@ def detect(
         else []
     )
     # The pace the job would keep without data stalls: the slowest rank's own work.
-    job_pace = max(_work_s(s) for r, s in stats.items() if r not in blind)
+    seen = _without_blind(stats, blind)  # (the starved are never blind: never empty)
+    job_pace = max(map(_work_s, seen.values()))
     fed = [s.data_wait_s for r, s in stats.items() if r not in starved]
     residual = statistics.median(fed) if fed else 0.0
 
@@ -237,7 +239,7 @@ def detect(
     peers = _peer_waits(stats, starved)
     if peers:
         evidence["peers_collective_wait_ms"] = peers
-    at_most = predicted_speedup(_without_blind(stats, blind), upper_local)
+    at_most = predicted_speedup(seen, upper_local)
     speedup: float | None
     if blind:
         speedup = None
@@ -396,6 +398,8 @@ def _cheaper_wait(s: RankStats, cost: LoadingCost, factor: float) -> float:
 
 
 def _without_blind(stats: dict[int, RankStats], blind: list[int]) -> dict[int, RankStats]:
+    if not blind:
+        return stats
     kept = {r: s for r, s in stats.items() if r not in blind}
     return kept or stats
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from auditor.wording import ranks_text
 
@@ -95,15 +96,19 @@ def detect(
     stats = snapshot.ready(min_steps)
     if not stats:
         return []
-    busy = {r: s.busy_ratio for r, s in stats.items()}
+    busy = dict(zip(stats, map(attrgetter("busy_ratio"), stats.values()), strict=True))
     spread = max(busy.values()) - min(busy.values()) if len(busy) >= 2 else 0.0
     gpus = _job_gpus(snapshot, set(stats), min_samples)
     gpu_busy = {u: float(d.gpu_util or 0.0) for u, d in gpus.items()}
     gpu_spread = max(gpu_busy.values()) - min(gpu_busy.values()) if len(gpu_busy) >= 2 else 0.0
     if spread < min_spread and gpu_spread < min_spread:
         return []
-    waits = {r: s.collective_wait_s for r, s in stats.items() if s.collective_wait_s is not None}
-    step = statistics.median(s.step_s for s in stats.values())
+    waits = {
+        r: w
+        for r, w in zip(stats, map(attrgetter("collective_wait_s"), stats.values()), strict=True)
+        if w is not None
+    }
+    step = statistics.median(map(attrgetter("step_s"), stats.values()))
     cause: Finding | None
     waits_differ = len(waits) >= 2 and (
         spread >= min_spread or max(waits.values()) - min(waits.values()) >= min_wait_gap * step
