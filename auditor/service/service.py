@@ -232,15 +232,21 @@ class AuditService:
         health = Health(**{k: v for k, v in vars(old.health).items()})
         health.last_attempt = now
         try:
-            answers = self.fetch(now)
-            fetched = time.perf_counter()
-            results = analyse_answers(
-                answers,
-                now,
-                window_s=self.window_s,
-                stale_after_s=self.stale_after_s,
-                overrides=self.overrides,
-            )
+            # One pause of the cyclic collector for the whole evaluation, and the answers freed
+            # within it: paused for the fetch alone, it resumed with some 10^5 fresh label dicts
+            # alive and scanned them all at the analysis' first allocation (~15% of it at 4,096
+            # ranks).
+            with no_cyclic_gc():
+                answers = self.fetch(now)
+                fetched = time.perf_counter()
+                results = analyse_answers(
+                    answers,
+                    now,
+                    window_s=self.window_s,
+                    stale_after_s=self.stale_after_s,
+                    overrides=self.overrides,
+                )
+                del answers
         except Exception as exc:  # a service outlives any one evaluation
             health.prometheus_up = not isinstance(exc, PrometheusError) and health.prometheus_up
             health.failures += 1
