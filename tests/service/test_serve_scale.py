@@ -112,3 +112,14 @@ def test_every_rank_is_judged(served: JobResult) -> None:
     assert served.ranks == RANKS
     assert served.world_size == RANKS
     assert served.nodes[RANKS - 1] == servejob.node_of(RANKS - 1)
+
+
+@pytest.mark.parametrize("ranks", [2, 64, 1024])
+def test_serve_and_live_agree_at_every_size(ranks: int) -> None:
+    """Smaller jobs of the benchmark's shape: the same findings, figures and words both ways."""
+    served = serve_result(ranks).findings
+    live = live_findings(ranks)
+    assert [f.to_dict() for f in served] == [f.to_dict() for f in live]
+    assert verdict(served) == verdict(live)
+    assert [f.kind for f in served] == ["data_starvation", "utilization_imbalance"]
+    assert all(f.ranks == (ranks // 2,) for f in served)

@@ -35,6 +35,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--shape", required=True)
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--slow-rank", type=int, default=-1)
+p.add_argument("--slow-s", type=float, default=0.04, help="the slow rank's extra forward sleep")
 p.add_argument("--starve-rank", type=int, default=-1)
 args = p.parse_args()
 
@@ -72,7 +73,7 @@ class Sleep(nn.Module):
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        extra = 0.04 if rank == args.slow_rank else 0.0
+        extra = args.slow_s if rank == args.slow_rank else 0.0
         self.a = Sleep(FWD_S / 2 + extra)
         self.b = Sleep(FWD_S / 2)
         self.head = nn.Linear(16, 1)
