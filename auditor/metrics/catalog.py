@@ -157,6 +157,14 @@ RANK_SAMPLES_TOTAL = MetricSpec(
     help="Training samples the rank consumed (sum of known batch sizes).",
     labels=RANK,
 )
+RANK_MICRO_BATCHES_TOTAL = MetricSpec(
+    name="auditor_rank_micro_batches_total",
+    type="counter",
+    unit="",
+    help="DataLoader batches the rank's steps trained on: its steps times the micro-batches "
+    "each accumulated (the same as the steps without gradient accumulation).",
+    labels=RANK,
+)
 
 # --- per rank: the latest step --------------------------------------------------------------------
 RANK_LAST_STEP_SECONDS = MetricSpec(
@@ -501,6 +509,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     RANK_STEP_SECONDS_TOTAL,
     RANK_PHASE_SECONDS_TOTAL,
     RANK_SAMPLES_TOTAL,
+    RANK_MICRO_BATCHES_TOTAL,
     RANK_LAST_STEP_SECONDS,
     RANK_LAST_STEP_TIMESTAMP_SECONDS,
     RANK_BATCH_SIZE,

@@ -152,6 +152,7 @@ def render(state: ExportState) -> list[Metric]:
                     )
             if tot.samples is not None:
                 out.add(C.RANK_SAMPLES_TOTAL, base, tot.samples)
+            out.add(C.RANK_MICRO_BATCHES_TOTAL, base, tot.micro_batches)
         if last is not None:
             out.add(C.RANK_LAST_STEP_SECONDS, base, last.step_s)
             out.add(C.RANK_LAST_STEP_TIMESTAMP_SECONDS, base, last.time)

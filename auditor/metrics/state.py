@@ -39,11 +39,14 @@ class RankTotals:
     step_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     samples: int | None = None
+    # DataLoader batches the steps trained on (micro-batches under gradient accumulation).
+    micro_batches: int = 0
     last: StepSample | None = None
 
     def add(self, step: StepSample) -> None:
         """Account one step; ``last`` follows the newest step even if steps arrive out of order."""
         self.steps += 1
+        self.micro_batches += max(1, step.micro_batches)
         self.step_seconds += step.step_s
         for phase, attr in PHASE_FIELDS.items():
             value: float | None = getattr(step, attr)

@@ -76,6 +76,9 @@ def queries(window_s: float) -> dict[str, str]:
         "steps": f"sum by ({r}) (increase({C.RANK_STEPS_TOTAL.name}[{w}]))",
         "step_seconds": f"sum by ({r}) (increase({C.RANK_STEP_SECONDS_TOTAL.name}[{w}]))",
         "samples": f"sum by ({r}) (increase({C.RANK_SAMPLES_TOTAL.name}[{w}]))",
+        # DataLoader batches per step: gradient accumulation's micro-batches (absent from an
+        # older endpoint: one per step).
+        "micro_batches": f"sum by ({r}) (increase({C.RANK_MICRO_BATCHES_TOTAL.name}[{w}]))",
         "workers": f"max by ({r}) (max_over_time({C.RANK_DATALOADER_WORKERS.name}[{w}]))",
     }
     # A figure split by a label (a phase, a memory kind, a process) is one query per value,
@@ -428,6 +431,8 @@ def _ranks(
         )
         # (infinite where no step was taken: those ranks get no step sample)
         batch = rounded(col("samples") / n, None)
+        # At least one micro-batch a step (none reported: one).
+        micro = rounded(np.fmax(col("micro_batches") / n, 1.0), 1)
     steps_in = rounded(np.fmax(n, 1.0), 1)  # at least 1 (NaN: 1)
     rss, allocated, peak = (optional_ints(col(sub_key("memory", k))) for k in _MEMORY_KINDS)
     main_col, total_col = (col(sub_key("cpu", p)) for p in C.CPU_PROCESSES)
@@ -460,8 +465,7 @@ def _ranks(
             "mem_peak_bytes": peak,
             "data_cpu_s": nones,
             "collective_ops": nones,
-            # Serve carries no micro-batch count (no metric for it): one per step.
-            "micro_batches": [1] * count,
+            "micro_batches": micro,
             "count": steps_in,
         },
     )
@@ -532,7 +536,7 @@ def _ranks(
             "main_rss_bytes": [
                 None if not ok or r is None else float(r) for r, ok in zip(rss, seen, strict=True)
             ],
-            "micro_batches": [1.0] * count,
+            "micro_batches": stepping([float(m) for m in micro], 1.0),
             "local_s": [local_time(s, w) for s, w in zip(step_f, wait_f, strict=True)],
         },
     )

@@ -37,6 +37,7 @@ def test_required_metrics_are_present() -> None:
         "auditor_rank_step_seconds_total",
         "auditor_rank_phase_seconds_total",
         "auditor_rank_samples_total",
+        "auditor_rank_micro_batches_total",
         "auditor_rank_last_step_seconds",
         "auditor_rank_batch_size",
         "auditor_rank_last_step_timestamp_seconds",

@@ -114,6 +114,7 @@ STEPS0 = (
         mem_allocated_bytes=2_500,
         mem_reserved_bytes=4_096,
         mem_peak_bytes=3_500,
+        micro_batches=4,  # gradient accumulation: 4 DataLoader batches of 8
     ),
 )
 STEPS1 = (
@@ -241,6 +242,8 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
     ("auditor_rank_phase_seconds_total", r(1, phase="optimizer"), 0.0),
     ("auditor_rank_samples_total", r(0), 64),
     ("auditor_rank_samples_total", r(1), 40),
+    ("auditor_rank_micro_batches_total", r(0), 5),
+    ("auditor_rank_micro_batches_total", r(1), 2),
     ("auditor_rank_last_step_seconds", r(0), 0.75),
     ("auditor_rank_last_step_seconds", r(1), 0.5),
     ("auditor_rank_last_step_timestamp_seconds", r(0), 1000.5),

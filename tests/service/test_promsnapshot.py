@@ -44,8 +44,10 @@ def rank_answers(
     phases: dict[str, float] | None = None,
     up: float = 1.0,
     seen: float = NOW - 1,
+    micro_batches: float | None = None,
 ) -> None:
-    """One rank as its endpoint exports it, aggregated over the window."""
+    """One rank as its endpoint exports it, aggregated over the window (``micro_batches``: the
+    DataLoader batches per step; None: an endpoint that does not export them)."""
     key = {"job": job, "rank": str(rank)}
     full = {**key, "node": node, "local_rank": str(rank)}
     put(answers, "rank_info", {**full, "device": f"cuda:{rank}", "parallel_mode": "ddp",
@@ -60,6 +62,8 @@ def rank_answers(
     for phase, per_step in (phases or {}).items():
         put(answers, sub_key("phase_seconds", phase), key, steps * per_step)
     put(answers, "samples", key, steps * 32)
+    if micro_batches is not None:
+        put(answers, "micro_batches", key, steps * micro_batches)
     for memory, value in (("rss", 3e9), ("peak", 20e9)):
         put(answers, sub_key("memory", memory), key, value)
     put(answers, sub_key("cpu", "main"), key, 1.0)
@@ -187,6 +191,31 @@ def test_a_rank_owning_several_gpus_lists_them_in_index_order() -> None:
     info = build_snapshots(answers, NOW, WINDOW)[JOB].ranks[0].info
     assert info.devices == (0, 1, 2, 3)
     assert info.device_uuids == ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
+
+
+def test_gradient_accumulation_reaches_the_batch_advice() -> None:
+    """A rank training 4 micro-batches of 8 a step (32 samples): serve reads the micro-batches
+    from their counter and advises the batch the user sets, as the live path does; without
+    the counter (an older endpoint) a step is one micro-batch."""
+    answers: dict[str, list[Series]] = {}
+    slow = {"data_wait": 0.001, "forward": 0.09, "backward": 0.02, "collective_wait": 0.001}
+    for rank in range(4):
+        phases = slow if rank == 2 else {**slow, "forward": 0.03, "collective_wait": 0.061}
+        rank_answers(answers, rank, phases=phases, step_s=0.112, micro_batches=4)
+    snap = build_snapshots(answers, NOW, WINDOW)[JOB]
+    assert {s.micro_batches for s in snap.stats.values()} == {4.0}
+    assert snap.stats[2].micro_batch_size == 8
+    assert {step.micro_batches for v in snap.ranks for step in v.steps} == {4}
+    _built_alike(snap)
+    (straggler,) = [f for f in analyze(snap) if f.kind == "compute_straggler"]
+    assert straggler.ranks == (2,)
+    fix = phrase(straggler).fixes[2]
+    assert "batch_size 8 -> " in fix and "(per micro-batch; 4 accumulated per step" in fix, fix
+
+    del answers["micro_batches"]
+    assert {s.micro_batches for s in build_snapshots(answers, NOW, WINDOW)[JOB].stats.values()} == {
+        1.0
+    }
 
 
 def test_no_step_in_the_window_gives_no_sample() -> None:
