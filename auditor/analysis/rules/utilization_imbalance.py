@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from auditor.wording import ranks_text
 
@@ -142,8 +142,8 @@ def detect(
                 new_local[r] = peer
         speedup = predicted_speedup(stats, new_local) if new_local else None
     if spread >= min_spread:
-        hi_r = max(busy, key=lambda r: busy[r])
-        lo_r = min(busy, key=lambda r: busy[r])
+        hi_r = max(busy.items(), key=itemgetter(1))[0]
+        lo_r = min(busy.items(), key=itemgetter(1))[0]
         shown = Spread(f"rank {hi_r}", busy[hi_r], f"rank {lo_r}", busy[lo_r])
     else:
         hi_g = gpus[max(gpu_busy, key=lambda u: gpu_busy[u])]
@@ -172,11 +172,12 @@ def detect(
             f"collective wait on {ranks_text(unmeasured)}: {whose} waiting may read as busy time"
         ]
     if gpus:
-        ordered = sorted(gpus.values(), key=lambda d: (d.node, d.index))
+        # The job's GPUs in node and index order (the snapshot's order, kept).
+        ordered = [d for u, d in snapshot.gpus_in_place if u in gpus]
         evidence["gpu_busy_ratio"] = {d.uuid: round(gpu_busy[d.uuid], 3) for d in ordered}
         evidence["gpu_spread"] = round(gpu_spread, 3)
-        owners = snapshot.owners
-        evidence["gpus"] = [d.ref for d in ordered if set(owners.get(d.uuid, ())) & set(blamed)]
+        on_blamed = {u for r in blamed for u in snapshot.gpus_of.get(r, ())}
+        evidence["gpus"] = [d.ref for d in ordered if d.uuid in on_blamed]
         evidence["gpu_note"] = "NVML counts a rank waiting in an all-reduce as busy"
     # The cause carries the weight; the symptom stays one level below it.
     sev = severity_for(speedup)
@@ -199,12 +200,10 @@ def _job_gpus(snapshot: Snapshot, ranks: set[int], min_samples: int) -> dict[str
     """The GPUs of the judged ranks with a measured utilisation (none: no NVML samples)."""
     if not snapshot.gpu_stats:
         return {}
-    owners = snapshot.owners
+    gpus_of = snapshot.gpus_of
+    mine = {u for r in ranks for u in gpus_of.get(r, ())}
     return {
         u: d
         for u, d in snapshot.gpu_stats.items()
-        if not d.lost
-        and d.samples >= min_samples
-        and d.gpu_util is not None
-        and set(owners.get(u, ())) & ranks
+        if u in mine and not d.lost and d.samples >= min_samples and d.gpu_util is not None
     }
