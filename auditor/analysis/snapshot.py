@@ -76,6 +76,14 @@ class Snapshot:
         """Per-rank robust statistics over the window, computed once per snapshot."""
         return {view.info.rank: rank_stats(view) for view in self.ranks}
 
+    @cached_property
+    def paced(self) -> dict[int, RankStats]:
+        """Each rank's statistics with the step, data wait and collective wait at its pace
+        (:meth:`RankStats.paced`): what the rank tables show, so a rank's row and a finding's
+        figures agree where a loader's workers deliver in bursts (the median step lands on
+        one kind of step there, never on the pace)."""
+        return {r: s.paced() for r, s in self.stats.items()}
+
     def with_stats(self, stats: dict[int, RankStats]) -> Snapshot:
         """This snapshot with ``stats`` already computed elsewhere: ``auditor serve`` builds them
         from Prometheus' columns along with the ranks, equal to what reducing ``ranks`` gives

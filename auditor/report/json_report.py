@@ -86,7 +86,7 @@ def make_report(
     when = generated_at or datetime.now(timezone.utc)
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    stats = snapshot.stats
+    stats = snapshot.paced
     views = sorted(snapshot.ranks, key=lambda v: v.info.rank)
     ranks = tuple(
         RankEntry.from_dict(

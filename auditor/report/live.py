@@ -77,10 +77,11 @@ class Line:
 
 
 def stepped(snapshot: Snapshot | None) -> dict[int, RankStats]:
-    """Per-rank window statistics of the ranks with at least two steps in the window."""
+    """Per-rank window statistics (at each rank's pace) of the ranks with at least two steps in
+    the window."""
     if snapshot is None:
         return {}
-    return {r: s for r, s in snapshot.stats.items() if s.steps >= 2 and s.step_s > 0}
+    return {r: s for r, s in snapshot.paced.items() if s.steps >= 2 and s.step_s > 0}
 
 
 def steps_per_s(stats: dict[int, RankStats]) -> float | None:
@@ -253,7 +254,7 @@ def _rank_table(
     snap: Snapshot, findings: Sequence[Finding], window_s: float, width: int, room: int
 ) -> list[Line]:
     """Header lines and rank rows, fitted into ``room`` rows below the two header lines."""
-    stats = snap.stats
+    stats = snap.paced
     ended = {v.info.rank for v in snap.ranks if v.ended}
     blame = blamed(findings)
     hosts = {v.info.rank: v.info.host for v in snap.ranks}

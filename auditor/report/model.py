@@ -144,8 +144,9 @@ class MemoryEntry:
 
 @dataclass(frozen=True)
 class RankEntry:
-    """One rank: per-step medians over the window (``window_steps`` steps), ``steps`` over the
-    whole run; ``None`` for anything not measured."""
+    """One rank: per-step medians over the window (``window_steps`` steps), the step, data wait
+    and collective wait at the rank's pace (:meth:`RankStats.paced`); ``steps`` over the whole
+    run; ``None`` for anything not measured."""
 
     rank: int
     host: str | None = None

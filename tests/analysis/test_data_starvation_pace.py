@@ -233,3 +233,27 @@ def test_peers_wait_by_operation_at_the_same_pace() -> None:
     paced = s.paced()
     assert paced.collective_ops == {"ddp_allreduce": pytest.approx(paced.collective_wait_s)}
     assert paced.collective_wait_s == pytest.approx(LOAD_S / 2 - OWN_WORK - COMM, rel=0.15)
+
+
+def test_the_rank_table_shows_the_pace_the_finding_reads() -> None:
+    """The report's row of the bursty rank (JSON, terminal, HTML and the live panel all read it)
+    gives the step and data wait at its pace, the figures the finding speaks in: not a median
+    step of 155 ms beside a finding's 100 ms. Its phases still add up to its step."""
+    from auditor.report.json_report import make_report
+
+    job = _bursty_job()
+    snap = job.snapshot()
+    f = _finding(snap)
+    report = make_report(
+        command=["train.py"], exit_code=0, duration_s=30.0, snapshot=snap, findings=[f]
+    )
+    row = next(r for r in report.ranks if r.rank == 1)
+    assert row.step_s is not None and row.data_wait_s is not None and row.compute_s is not None
+    assert row.step_s * 1e3 == pytest.approx(f.evidence["per_rank"]["1"]["step_ms"], abs=0.1)
+    assert row.step_s == pytest.approx(_true_pace(job), rel=0.03)
+    assert snap.stats[1].step_s > 0.14  # the median, no longer shown
+    parts = row.data_wait_s + row.compute_s + (row.collective_wait_s or 0.0)
+    assert parts == pytest.approx(row.step_s, rel=0.1)
+    # Rank 0 waits for rank 1 at every all-reduce, so its steps alternate alike: the same pace.
+    fed = next(r for r in report.ranks if r.rank == 0)
+    assert fed.step_s == pytest.approx(row.step_s, rel=0.05)
