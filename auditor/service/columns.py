@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from math import isfinite
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -70,8 +70,9 @@ class Columns:
     key and looking it up) lets an answer reuse the positions found for an earlier one.
     """
 
-    # Label lists remembered: the rank answers come in two or three shapes (by rank, by rank
-    # and a sub-label), the GPU answers in one; a mismatch costs one dict comparison.
+    # Label lists remembered: the rank answers come in one or two shapes (by rank; identities
+    # with every label are not read as columns), the GPU answers in one; a mismatch costs one
+    # dict comparison.
     _KEPT = 4
 
     def __init__(self, index: Mapping[Any, int], key: Key) -> None:
@@ -97,19 +98,6 @@ class Columns:
         at = self.rows(vector)
         ok = (at >= 0) & ~np.isnan(vector.values)
         out[at[ok]] = vector.values[ok]
-        return out
-
-    def columns_by(self, vector: Vector, sub: str) -> dict[str, Column]:
-        """One column per value of label ``sub`` (a phase, a memory kind, a process)."""
-        at = self.rows(vector)
-        names = cast(list[str], Key((sub,)).all(vector))
-        out = {name: np.full(len(self.index), np.nan) for name in dict.fromkeys(names)}
-        codes = {name: i for i, name in enumerate(out)}
-        code = np.fromiter(map(codes.__getitem__, names), dtype=np.intp, count=len(names))
-        valid = (at >= 0) & ~np.isnan(vector.values)
-        for name, i in codes.items():
-            ok = valid & (code == i)
-            out[name][at[ok]] = vector.values[ok]
         return out
 
 
