@@ -472,3 +472,28 @@ def test_serve_reports_a_prometheus_outage_and_recovers(stack: Stack) -> None:
     assert "evaluation failed" in log and "answers again" in log, log[-2000:]
     assert stack.serve.poll() is None, "serve must not restart or exit"
     assert os.path.exists(stack.workdir / "prometheus-data")
+
+
+def test_serve_reads_one_micro_batch_a_step_of_a_job_without_accumulation(stack: Stack) -> None:
+    """The micro-batch counter goes from the run's endpoint through Prometheus to the query
+    serve asks: this job trains one DataLoader batch a step, so the two window increases agree
+    (serve then advises batches per step, as the live path does)."""
+    from auditor.service.promsnapshot import queries as serve_queries
+
+    exprs = serve_queries(60.0)
+
+    def per_rank(key: str) -> dict[str, float]:
+        return {
+            s["metric"]["rank"]: float(s["value"][1])
+            for s in stack.prometheus.query(exprs[key])
+            if s["metric"].get("job") == STARVED
+        }
+
+    def both() -> tuple[dict[str, float], dict[str, float]] | None:
+        steps, micro = per_rank("steps"), per_rank("micro_batches")
+        ready = set(steps) == set(micro) == {"0", "1"} and all(v > 0 for v in steps.values())
+        return (steps, micro) if ready else None
+
+    steps, micro = wait_for_service(both, timeout=60, what="steps and micro-batches in Prometheus")
+    for rank in steps:
+        assert micro[rank] == steps[rank], (rank, steps, micro)
