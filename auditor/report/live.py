@@ -10,7 +10,8 @@ step: under DDP every rank's step time is the same, the culprit is the one that 
 the most starved (highest data wait); it says how many ranks it hides.
 
 Columns mean what they say: ``steps`` counts every step so far (the whole run); the other rank
-figures are medians per step over the last ``window_s`` seconds, and the header says so.
+figures are medians per step over the last ``window_s`` seconds, and the header says so (the
+step, data wait and collective wait at the rank's pace: :attr:`Snapshot.paced`).
 """
 
 from __future__ import annotations

@@ -152,6 +152,7 @@ def answers(
         for p, v in f.phase_seconds.items():
             put(sub_key("phase_seconds", p), key, v)
         put("samples", key, n * BATCH)
+        put("micro_batches", key, n)  # one DataLoader batch a step: no accumulation
         for memory, value in MEMORY.items():
             if memory == "reserved":
                 continue  # not asked for: no rule reads it
