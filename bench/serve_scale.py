@@ -21,6 +21,12 @@ gated: ``goal_met``). Growth with ranks is reported as microseconds per rank at 
 linear).
 
     python bench/serve_scale.py [--ranks 64,256,1024,2048,4096,8192] [--scrape 15] [--repeats 5]
+    python bench/serve_scale.py --against c91237e [--rounds 3]   # side by side with a commit
+
+``--against REV`` checks ``REV`` out into a temporary worktree and times its serve and this
+tree's at ``GOAL_RANKS`` ranks in alternating rounds (each arm in its own fresh interpreter,
+``--repeats`` evaluations a round), so a shared machine's drift hits both; the ratios go into
+``bench/results/serve_scale_against.json``.
 
 Writes bench/results/serve_scale.json.
 """
@@ -28,8 +34,12 @@ Writes bench/results/serve_scale.json.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -126,12 +136,75 @@ def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
     }
 
 
+def _arm(tree: str, ranks: int, repeats: int) -> dict[str, float]:
+    """One round of one arm: ``tree``'s own benchmark in a fresh interpreter, its medians."""
+    code = (
+        "import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/bench'];"
+        "import serve_scale as s; r = s.measure(int(sys.argv[2]), 15.0, int(sys.argv[3]));"
+        "print(json.dumps({k: r[k + '_s']['median'] for k in "
+        "('analysis', 'rebuild', 'rules', 'decode')}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, tree, str(ranks), str(repeats)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tempfile.gettempdir(),  # neither tree on the path but the one named
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def against(rev: str, rounds: int, repeats: int) -> int:
+    """This tree's serve against ``rev``'s, side by side at ``GOAL_RANKS`` ranks."""
+    here = c.REPO
+    with tempfile.TemporaryDirectory(prefix="serve-against-") as tmp:
+        base = os.path.join(tmp, "tree")
+        subprocess.run(
+            ["git", "-C", here, "worktree", "add", "--detach", "-f", base, rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            arms: dict[str, list[dict[str, float]]] = {"base": [], "this": []}
+            for n in range(rounds):
+                for arm, tree in (("base", base), ("this", here)):
+                    arms[arm].append(_arm(tree, GOAL_RANKS, repeats))
+                    print(f"round {n + 1}/{rounds} {arm:4s} {arms[arm][-1]}", flush=True)
+        finally:
+            subprocess.run(
+                ["git", "-C", here, "worktree", "remove", "--force", base], capture_output=True
+            )
+    ratios = {
+        k: c.summary([t[k] / b[k] for t, b in zip(arms["this"], arms["base"], strict=True)])
+        for k in ("analysis", "rebuild", "rules", "decode")
+    }
+    path = c.write_result(
+        "serve_scale_against",
+        {
+            "what": f"serve at {GOAL_RANKS} ranks, this tree against {rev}, alternated rounds of "
+            f"{repeats} evaluations each (medians per round)",
+            "against": rev,
+            "loadavg": c.loadavg(),
+            "rounds": arms,
+            "ratio_this_over_base": ratios,
+        },
+    )
+    for k, r in ratios.items():
+        print(f"{k:8s} this/base {c.fmt_ratio(r, 3)}")
+    print(f"wrote {c.shown(path)}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", default="64,256,1024,2048,4096,8192")
     p.add_argument("--scrape", default="15", help="scrape intervals to try (seconds)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--against", metavar="REV", help="time this tree side by side with REV's")
+    p.add_argument("--rounds", type=int, default=3, help="alternated rounds with --against")
     args = p.parse_args()
+    if args.against:
+        return against(args.against, args.rounds, args.repeats)
     rows = []
     for scrape in [float(s) for s in args.scrape.split(",")]:
         for n in [int(r) for r in args.ranks.split(",")]:
