@@ -179,3 +179,30 @@ def test_without_named_collectives_the_wait_is_at_the_all_reduce() -> None:
     f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
     assert phrase(f).summary.endswith("the others wait for it at the all-reduce")
     assert "collective_ops_ms" not in f.evidence
+
+
+def test_a_starved_rank_with_a_little_slower_compute_is_data_starvation_only() -> None:
+    """The starved example on two busy cores (a live window of tests/e2e's operator stack):
+    rank 1 waits 117 ms a step for data and its compute runs 1.3x its peer's, its own loader
+    taking CPU. Its extra local time is the data wait, not compute: compute_straggler stays
+    silent (it said "critical" for the whole wait before), data_starvation names it."""
+    cpu = {"h2d": 0.0005, "forward": 0.004, "backward": 0.008, "optimizer": 0.0008}
+    specs = with_rank(balanced(2, num_workers=1, **cpu), 1, data_wait=0.117, forward=0.008)
+    snap = ddp_snapshot(specs)
+    s0, s1 = snap.stats[0], snap.stats[1]
+    assert s1.compute_s / s0.compute_s > 1.25  # slower per sample, past min_excess
+    assert compute_straggler.detect(snap) == []
+    kinds = {(f.kind, f.ranks) for f in analyze(snap) if f.severity != "info"}
+    assert ("data_starvation", (1,)) in kinds
+    assert all(k != "compute_straggler" for k, _ in kinds)
+
+
+def test_a_slow_rank_that_also_waits_for_data_is_blamed_for_its_compute_only() -> None:
+    """Slow compute and a data wait on one rank: blamed, and the speed-up is for the compute
+    alone (its data wait stays, data_starvation's to fix)."""
+    specs = with_rank(balanced(4), 2, forward=0.090, data_wait=0.040)
+    f = _only(compute_straggler.detect(ddp_snapshot(specs)))
+    assert f.ranks == (2,)
+    # Before: 40 (data) + 5 + 90 + 60 + 5 = 200 ms of local time; the fix brings its own
+    # work to the peers' 100 ms and keeps its 40 ms data wait: 140 ms, about 200 / 140.
+    assert f.predicted_speedup == pytest.approx(0.200 / 0.140, rel=0.05)

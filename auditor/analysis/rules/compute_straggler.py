@@ -72,13 +72,18 @@ def detect(
             engine passes them (:mod:`auditor.analysis.causes`).
         min_steps: steps a rank needs in the window before it is judged.
         min_excess: compute per sample relative to the peers' median that counts as slow.
-        min_gap_ratio: the rank's extra local time must be at least this share of the step.
+        min_gap_ratio: the rank's extra local time, and its extra own work (the local time
+            less its data wait), must each be at least this share of the step.
     """
     stats = snapshot.ready(min_steps)
     if len(stats) < 2:
         return []
     per_sample = {r: _per_sample(s) for r, s in stats.items()}
     local = {r: s.local_s for r, s in stats.items()}
+    # Its own work: the local time less the data wait, which is data_starvation's. A starved
+    # rank whose compute is a little slower (its own loader's CPU on a busy host) was blamed
+    # here for its whole data wait, at the speed-up of removing it.
+    work = {r: max(0.0, s.local_s - s.data_wait_s) for r, s in stats.items()}
     waits = {r: s.collective_wait_s for r, s in stats.items()}
     step = statistics.median(s.step_s for s in stats.values())
 
@@ -86,17 +91,19 @@ def detect(
     blamed: dict[int, dict[str, float]] = {}
     cps_of_peers = PeerMedians(per_sample)
     local_of_peers = PeerMedians(local)
+    work_of_peers = PeerMedians(work)
     waits_of_peers = PeerMedians(waits)
     for r in stats:
         if r in contended:
             continue
         peer_cps = cps_of_peers.get(r)
         peer_local = local_of_peers.get(r)
-        if not peer_cps or peer_local is None:
+        peer_work = work_of_peers.get(r)
+        if not peer_cps or peer_local is None or peer_work is None:
             continue
         excess = per_sample[r] / peer_cps
         gap = local[r] - peer_local
-        if excess < min_excess or gap < min_gap_ratio * step:
+        if excess < min_excess or min(gap, work[r] - peer_work) < min_gap_ratio * step:
             continue
         w = waits[r]
         peer_wait = waits_of_peers.get(r)
@@ -108,10 +115,13 @@ def detect(
     if not blamed:
         return []
 
-    peers_local = {
-        r: peer_median({q: v for q, v in local.items() if q not in blamed}, r) for r in blamed
+    # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
+    peers_work = {
+        r: peer_median({q: v for q, v in work.items() if q not in blamed}, r) for r in blamed
     }
-    new_local = {r: v for r, v in peers_local.items() if v is not None}
+    new_local = {
+        r: local[r] - max(0.0, work[r] - v) for r, v in peers_work.items() if v is not None
+    }
     speedup = predicted_speedup(stats, new_local)
     slow: dict[int, SlowRank] = {}
     per_rank: dict[str, object] = {}
