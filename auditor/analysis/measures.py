@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,25 @@ def ready(stats: Mapping[int, RankStats], min_steps: int) -> dict[int, RankStats
     """Ranks with at least ``min_steps`` steps in the window; rules stay silent on the rest.
     (:meth:`Snapshot.ready` is the same, kept per snapshot: what the rules call.)"""
     return {r: s for r, s in stats.items() if s.steps >= min_steps and s.step_s > 0}
+
+
+def own_work(s: RankStats) -> float:
+    """A rank's own work per step: its local time less its data wait (data_starvation's)."""
+    return max(0.0, s.local_s - s.data_wait_s)
+
+
+def with_peers_work(stats: Mapping[int, RankStats], ranks: Collection[int]) -> dict[int, float]:
+    """The local times of ``ranks`` if each one's own work (:func:`own_work`) were its unnamed
+    peers' median: the what-if of a fix to their compute, whose data wait stays (a rule that
+    took the peers' whole local time credited that fix with removing the data wait too)."""
+    work = {r: own_work(s) for r, s in stats.items()}
+    peers = {q: v for q, v in work.items() if q not in ranks}
+    out: dict[int, float] = {}
+    for r in ranks:
+        median = peer_median(peers, r)
+        if median is not None:
+            out[r] = stats[r].local_s - max(0.0, work[r] - median)
+    return out
 
 
 def peer_median(values: Mapping[int, float], rank: int) -> float | None:

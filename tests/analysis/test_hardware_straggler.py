@@ -194,3 +194,13 @@ def test_dataparallel_and_lost_gpus_are_not_judged() -> None:
 def test_no_devices_no_finding() -> None:
     j = JobBuilder(slow_rank(2)).run(24)
     assert hardware_straggler.detect(j.snapshot()) == []
+
+
+def test_the_speedup_of_a_cooled_gpu_keeps_the_ranks_data_wait() -> None:
+    """The throttled rank also waits 30 ms a step for data: cooling its GPU brings its compute
+    to its peers' and leaves that wait (data_starvation's to fix), so the job goes from 175 ms
+    (30 + 140 of local work, + 5) to 135 ms (30 + 100, + 5), not to the peers' 105 ms."""
+    spec = replace(SLOW, data_wait=0.030)
+    (f,) = hardware_straggler.detect(job(gpus_with(2, HOT), slow_rank(2, spec=spec)))
+    assert f.ranks == (2,)
+    assert f.predicted_speedup == pytest.approx(175 / 135, rel=0.03)

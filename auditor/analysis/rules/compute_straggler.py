@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..advisor import predicted_speedup
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, peer_median
+from ..measures import PeerMedians, own_work, peer_median, with_peers_work
 from ..snapshot import Snapshot
 from ..stats import RankStats, collective_ops_ms, collective_ops_order
 
@@ -83,7 +83,7 @@ def detect(
     # Its own work: the local time less the data wait, which is data_starvation's. A starved
     # rank whose compute is a little slower (its own loader's CPU on a busy host) was blamed
     # here for its whole data wait, at the speed-up of removing it.
-    work = {r: max(0.0, s.local_s - s.data_wait_s) for r, s in stats.items()}
+    work = {r: own_work(s) for r, s in stats.items()}
     waits = {r: s.collective_wait_s for r, s in stats.items()}
     step = statistics.median(s.step_s for s in stats.values())
 
@@ -116,13 +116,7 @@ def detect(
         return []
 
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
-    peers_work = {
-        r: peer_median({q: v for q, v in work.items() if q not in blamed}, r) for r in blamed
-    }
-    new_local = {
-        r: local[r] - max(0.0, work[r] - v) for r, v in peers_work.items() if v is not None
-    }
-    speedup = predicted_speedup(stats, new_local)
+    speedup = predicted_speedup(stats, with_peers_work(stats, blamed))
     slow: dict[int, SlowRank] = {}
     per_rank: dict[str, object] = {}
     for r in sorted(blamed):

@@ -29,8 +29,9 @@ without a reason -> reset locked clocks (``nvidia-smi -i <index> -rgc``), link -
 or check the riser and the slot's BIOS link setting. Always offered too: move the rank off that
 GPU, or give it a smaller batch share ``b -> b * (peer compute per sample / its own)``.
 
-Predicted speed-up: the barrier model (:mod:`auditor.analysis.advisor`) with the blamed ranks at
-their peers' median local time, i.e. the GPU brought back to its peers' speed; not predicted
+Predicted speed-up: the barrier model (:mod:`auditor.analysis.advisor`) with the blamed ranks' own
+work (local time less data wait) at their peers' median, i.e. the GPU brought back to its peers'
+speed while any data wait stays (:func:`~auditor.analysis.measures.with_peers_work`); not predicted
 (None, said in the evidence) where the waits were not measured.
 """
 
@@ -44,7 +45,7 @@ from typing import Any
 from ..advisor import predicted_speedup
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, measured_gpus, peer_median
+from ..measures import PeerMedians, measured_gpus, peer_median, with_peers_work
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
@@ -183,8 +184,8 @@ def detect(
         return []
 
     local = {r: s.local_s for r, s in stats.items()}
-    clean = {q: v for q, v in local.items() if q not in blamed}
-    new_local = {r: v for r in blamed if (v := peer_median(clean, r)) is not None}
+    # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
+    new_local = with_peers_work(stats, blamed)
     # Without measured waits every rank's local time includes the barrier: no model to apply.
     measured = len(waits) >= 2
     speedup = predicted_speedup(stats, new_local) if new_local and measured else None
@@ -225,7 +226,7 @@ def detect(
         },
         "collective_wait_ms": {str(r): round(w * 1e3, 1) for r, w in sorted(waits.items())},
         "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
-        "speedup_model": "barrier model: the blamed ranks at their peers' median local time"
+        "speedup_model": "barrier model: the blamed ranks' own work at their peers' median"
         if measured
         else "not predicted: the collective wait was not measured, so local times are unknown",
     }
