@@ -64,6 +64,7 @@ from ..loading import (
     host_available_bytes,
     loading_cost,
 )
+from ..measures import own_work
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
@@ -318,8 +319,9 @@ def _limit_evidence(plan: _Plan) -> str | None:
 
 
 def _work_s(s: RankStats) -> float:
-    """A rank's own work per step apart from waiting for data or for its peers."""
-    return max(1e-6, s.local_s - s.data_wait_s)
+    """A rank's own work per step apart from waiting for data or for its peers (never 0: the
+    worker plan divides by it)."""
+    return max(1e-6, own_work(s))
 
 
 def _idle_cores(snapshot: Snapshot, host: str) -> float | None:
