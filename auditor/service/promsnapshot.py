@@ -295,13 +295,6 @@ def _objects(cls: type[_T], fields: Mapping[str, Sequence[Any]]) -> list[_T]:
     return objs
 
 
-def _new(cls: type[_T], fields: dict[str, Any]) -> _T:
-    """One instance of ``cls`` from every one of its ``fields`` (see :func:`_objects`)."""
-    obj = object.__new__(cls)
-    object.__setattr__(obj, "__dict__", fields)
-    return obj
-
-
 # ------------------------------------------------------------------------------------------------
 # ranks
 
