@@ -25,6 +25,17 @@ Data wait is on the host clock (a device timer says nothing about a host-side wa
 loop asks for a batch inside another phase (a ``dataloader_iter`` training step inside the
 optimizer's closure) the enclosing phase is split around it all the same.
 
+On the device the host runs ahead of the GPU: it asks for the next batch while the kernels of
+the step it just launched still run. A host-clock data wait then overlaps device work, and a
+host-clock DDP window (last bucket launched -> all-reduce done) holds the rank's own queued
+compute (gloo and NCCL alike wait for the gradients on the device). So with a device timer
+every figure of a step is read on the device's timeline, between marks recorded on the stream:
+the step from its first mark to the next step's, the data wait from a mark before the loader is
+asked to one after it (the time the device had nothing left to run: zero while queued work
+covers the wait), and the DDP wait from the last bucket's launch to the end of backward (the
+device waits there for the all-reduce). Phases, data wait and collective wait then partition
+the step on one clock and never overlap.
+
 Hot path: every event only reads a clock and appends to a list. Durations are resolved later,
 off the training thread, by :meth:`StepClock.resolve` (called from the sink's flush thread). That
 matters on GPUs: there the phase marks are CUDA events recorded on the current stream and read
@@ -50,7 +61,10 @@ DDP_ALLREDUCE = "ddp_allreduce"
 
 
 class Timer(Protocol):
-    """Marks points in the step and measures between them (CPU clock or CUDA events)."""
+    """Marks points in the step and measures between them (CPU clock or CUDA events).
+    ``device``: marks are on a device's timeline, which the host runs ahead of."""
+
+    device: bool
 
     def mark(self) -> Any: ...
 
@@ -63,6 +77,8 @@ class Timer(Protocol):
 
 class CpuTimer:
     """Monotonic host clock; marks are floats and are always ready."""
+
+    device = False
 
     def mark(self) -> float:
         return time.perf_counter()
@@ -84,6 +100,8 @@ class CudaTimer:
     flush thread after ``ready`` said the events completed, so it never blocks. A mark bounds two
     adjacent segments, so it goes back to the free list (``release``) once per step, not per read.
     """
+
+    device = True
 
     def __init__(self, torch_module: Any) -> None:
         self._torch = torch_module
@@ -131,6 +149,24 @@ class PendingStep:
     # The DataLoader batches of known size the step consumed (its micro-batches; several under
     # gradient accumulation); 1 where it saw none.
     micro_batches: int = 1
+    # Device timer only (None / empty with the host clock): the step's first mark and the next
+    # step's, the marks around each data wait, the last bucket's launch and backward's end.
+    start_mark: Any = None
+    end_mark: Any = None
+    data_marks: list[tuple[Any, Any]] = field(default_factory=list)
+    ddp_marks: tuple[Any, Any] | None = None
+    # Marks of this step read by nothing (earlier buckets' launches): released with it.
+    spare_marks: list[Any] = field(default_factory=list)
+
+    def marks(self) -> list[Any]:
+        """Every mark the step's figures read."""
+        out = [m for s in self.spans for m in (s[1], s[2])]
+        out += [m for pair in self.data_marks for m in pair]
+        if self.ddp_marks is not None:
+            out += self.ddp_marks
+        if self.start_mark is not None:
+            out += (self.start_mark, self.end_mark)
+        return out
 
 
 class StepClock:
@@ -152,6 +188,11 @@ class StepClock:
     ) -> None:
         self._rank = rank
         self.timer: Timer = timer or CpuTimer()
+        self._dev = self.timer.device
+        # Device timer: the current step's first mark (the previous step's last), and the open
+        # data wait's first mark.
+        self._start_mark: Any = None
+        self._data_open: Any = None
         self._memory = memory
         self._wall = wall
         self._now = now
@@ -184,6 +225,7 @@ class StepClock:
     ) -> None:
         """Switch the phase timer (before the first step: marks of two timers never mix)."""
         self.timer = timer
+        self._dev = timer.device
         self._memory = memory
 
     def _reset(self, start: float | None) -> None:
@@ -201,6 +243,10 @@ class StepClock:
         self._cw_seen = False
         self._coll_seen = False
         self._in_data = False
+        self._data_marks: list[tuple[Any, Any]] = []
+        self._cw_mark: Any = None
+        self._bwd_end: Any = None
+        self._spare: list[Any] = []
 
     # --- the phase stack -----------------------------------------------------------------------
     def _open(self, phase: int, name: str | None = None, counted: bool = True) -> None:
@@ -236,6 +282,8 @@ class StepClock:
             if inner[0] != PHASE_DATA:
                 self._spans.append((inner[0], self._seg, m, inner[2]))
             self._seg = m
+            if phase == PHASE_BACKWARD:
+                self._bwd_end = m
             for entry in stack[i:]:
                 if entry[1] and entry[0] == PHASE_BACKWARD:
                     self._backward_depth -= 1
@@ -259,12 +307,25 @@ class StepClock:
         return self._stack[-1][0] if self._stack else None
 
     # --- events, called on the training thread -------------------------------------------------
+    def _begin(self) -> None:
+        """The first event of the very first step."""
+        self._start = self._now()
+        if self._dev and self._start_mark is None:
+            self._start_mark = self.timer.mark()
+
     def data_begin(self) -> float:
         t = self._now()
-        if self._opt_done:
+        closed = self._opt_done
+        if closed:
             self._close(t)
         if self._start is None:
             self._start = t
+        if self._dev:
+            # Right after a close, the step's boundary mark is this wait's first mark too.
+            m = self._start_mark if closed and self._start_mark is not None else self.timer.mark()
+            self._data_open = m
+            if self._start_mark is None:
+                self._start_mark = m
         if self._stack:  # asked for a batch inside another phase: split it around the wait
             self._open(PHASE_DATA)
         self._in_data = True
@@ -274,6 +335,9 @@ class StepClock:
         self.saw_loader = True
         self._in_data = False
         self._data_wait += self._now() - began
+        if self._data_open is not None:
+            self._data_marks.append((self._data_open, self.timer.mark()))
+            self._data_open = None
         if cpu_s is not None:
             self._data_cpu += cpu_s
             self._data_seen = True
@@ -287,7 +351,7 @@ class StepClock:
     def h2d_begin(self) -> None:
         """The loop copies its batch to the device (``Tensor.to`` and kin, batch in hand)."""
         if self._start is None:
-            self._start = self._now()
+            self._begin()
         self._open(PHASE_H2D)
 
     def h2d_end(self) -> None:
@@ -295,7 +359,7 @@ class StepClock:
 
     def forward_begin(self) -> None:
         if self._start is None:
-            self._start = self._now()
+            self._begin()
         # A forward inside backward is activation checkpointing's recompute: backward's cost.
         self._open(PHASE_FORWARD, counted=self._backward_depth == 0)
 
@@ -304,7 +368,7 @@ class StepClock:
 
     def backward_begin(self) -> None:
         if self._start is None:
-            self._start = self._now()
+            self._begin()
         self.updates += 1
         self._open(PHASE_BACKWARD)
 
@@ -313,7 +377,7 @@ class StepClock:
 
     def optimizer_begin(self) -> None:
         if self._start is None:
-            self._start = self._now()
+            self._begin()
         self.updates += 1
         self._open(PHASE_OPTIMIZER)
 
@@ -328,7 +392,7 @@ class StepClock:
     def collective_begin(self, name: str) -> None:
         """A collective call (or a wait on an async one's ``Work``) starts: the rank waits."""
         if self._start is None:
-            self._start = self._now()
+            self._begin()
         self._coll_seen = True
         # A collective inside the loader's own ``__next__`` is part of the data wait already.
         self._open(PHASE_COLLECTIVE, name, counted=not self._in_data)
@@ -341,6 +405,11 @@ class StepClock:
         t = self._now()
         self._cw_launch = max(self._cw_launch, t)
         self._cw_seen = True
+        if self._dev:
+            # Recorded on the stream the gradients were computed on: passed once they exist.
+            if self._cw_mark is not None:
+                self._spare.append(self._cw_mark)
+            self._cw_mark = self.timer.mark()
         return t
 
     def bucket_done(self) -> None:
@@ -356,6 +425,7 @@ class StepClock:
     def _close(self, t: float) -> None:
         start = self._start if self._start is not None else t
         top = self._top
+        m = None
         if top >= 0:
             # A phase open across the boundary: end its segment here, go on in the next step.
             m = self.timer.mark()
@@ -363,6 +433,18 @@ class StepClock:
             if entry[0] != PHASE_DATA:
                 self._spans.append((entry[0], self._seg, m, entry[2]))
             self._seg = m
+        start_mark = end_mark = None
+        if self._dev:
+            start_mark = self._start_mark
+            end_mark = m if m is not None else self.timer.mark()
+            if start_mark is None:  # no event opened the step: it starts where it ends
+                start_mark = end_mark
+            self._start_mark = end_mark
+        ddp_marks = None
+        if self._cw_seen and self._cw_mark is not None and self._bwd_end is not None:
+            ddp_marks = (self._cw_mark, self._bwd_end)
+        elif self._cw_mark is not None:
+            self._spare.append(self._cw_mark)
         # The wait of this rank at the gradient all-reduce: from its last bucket being ready to
         # the last all-reduce finishing. The rank the others wait for sees almost none.
         ddp = max(0.0, self._cw_done - self._cw_launch) if self._cw_seen else None
@@ -381,6 +463,11 @@ class StepClock:
                 spans=self._spans,
                 memory=self._memory() if self._memory else (None, None, None),
                 micro_batches=max(1, self._batches),
+                start_mark=start_mark,
+                end_mark=end_mark,
+                data_marks=self._data_marks,
+                ddp_marks=ddp_marks,
+                spare_marks=self._spare,
             )
         )
         self.steps += 1
@@ -394,18 +481,19 @@ class StepClock:
         while self.pending:
             p = self.pending[0]
             # Every mark, not only the last: marks on different streams complete out of order.
-            if not all(timer.ready(s[2]) and timer.ready(s[1]) for s in p.spans):
+            used = p.marks()
+            if not all(timer.ready(m) for m in used):
                 break  # the device has not passed this step yet: read it next time
             self.pending.popleft()
             out.append(self._sample(rank, p, rss_bytes))
             # Each mark once; the step's last mark may start the next step's first segment (a
-            # phase open across the boundary): that one goes back with the next step.
-            marks: dict[int, Any] = {}
-            for s in p.spans:
-                marks[id(s[1])] = s[1]
-                marks[id(s[2])] = s[2]
+            # phase open across the boundary) and is the next step's first mark: those go back
+            # with the next step.
+            marks: dict[int, Any] = {id(m): m for m in (*used, *p.spare_marks)}
             if p.spans:
                 marks.pop(id(p.spans[-1][2]), None)
+            if p.end_mark is not None:
+                marks.pop(id(p.end_mark), None)
             timer.release(marks.values())
         return out
 
@@ -419,6 +507,12 @@ class StepClock:
                 key = name or "collective"
                 ops[key] = ops.get(key, 0.0) + d
         backward = phases[PHASE_BACKWARD]
+        step_s, data_wait_s = p.step_s, p.data_wait_s
+        if p.start_mark is not None:  # a device timer: every figure on the device's timeline
+            step_s = self.timer.elapsed(p.start_mark, p.end_mark)
+            data_wait_s = sum(self.timer.elapsed(a, b) for a, b in p.data_marks)
+            if p.ddp_marks is not None and p.ddp_wait_s is not None:
+                p.ddp_wait_s = self.timer.elapsed(*p.ddp_marks)
         if p.ddp_wait_s is not None:
             # The DDP wait happens inside backward (the reducer waits for its buckets there).
             ops[DDP_ALLREDUCE] = ops.get(DDP_ALLREDUCE, 0.0) + p.ddp_wait_s
@@ -431,8 +525,8 @@ class StepClock:
             rank=rank,
             step=p.step,
             time=p.wall_time,
-            step_s=p.step_s,
-            data_wait_s=p.data_wait_s,
+            step_s=step_s,
+            data_wait_s=data_wait_s,
             h2d_s=phases[PHASE_H2D],
             forward_s=phases[PHASE_FORWARD],
             backward_s=backward,

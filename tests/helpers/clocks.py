@@ -25,15 +25,21 @@ class Clock:
 
 class DeviceTimer:
     """Like CUDA events: a mark takes the (fake) time when recorded, but can be read only once
-    the device has passed it; reading one early is an error, as a blocking read would be."""
+    the device has passed it; reading one early is an error, as a blocking read would be.
+
+    A mark's time is the host's, or ``at`` where the test sets it: the device time at which the
+    stream reaches the mark, later than the host's when the host runs ahead of the device."""
+
+    device = True
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.times: list[float] = []
         self.passed = -1  # index of the last mark the device completed
+        self.at: float | None = None
 
     def mark(self) -> int:
-        self.times.append(self.clock.t)
+        self.times.append(self.clock.t if self.at is None else self.at)
         return len(self.times) - 1
 
     def ready(self, mark: int) -> bool:

@@ -17,8 +17,12 @@ from tests.helpers.clocks import Clock, DeviceTimer
 
 
 def make(timer: str = "device", **kw: object) -> tuple[StepClock, Clock, DeviceTimer | None]:
+    """``timer``: ``device`` (marks on a device's timeline), ``host`` (the same fake marks read
+    as a host clock) or ``cpu`` (the real CpuTimer)."""
     clock = Clock()
-    dev = DeviceTimer(clock) if timer == "device" else None
+    dev = DeviceTimer(clock) if timer in ("device", "host") else None
+    if dev is not None and timer == "host":
+        dev.device = False
     sc = StepClock(
         rank=lambda: 3,
         timer=dev if dev is not None else CpuTimer(),
@@ -87,12 +91,15 @@ def test_resolve_returns_ready_steps_in_order_and_keeps_the_rest() -> None:
     sc, c, dev = make()
     assert dev is not None
     one_batch(sc, c, 0.0)
-    after_step0 = len(dev.times) - 1
+    # Step 0 ends at the mark the next request for a batch records (step 1's first mark).
+    step0_end = len(dev.times)
     one_batch(sc, c, 0.125)
     c.at(0.250)
     sc.data_begin()
     assert len(sc.pending) == 2
-    dev.passed = after_step0
+    dev.passed = step0_end - 1
+    assert sc.resolve() == []  # the device has not reached step 0's end yet
+    dev.passed = step0_end
     assert [s.step for s in sc.resolve()] == [0]
     dev.complete_all()
     (s1,) = sc.resolve()
@@ -155,9 +162,14 @@ def test_loop_without_dataloader_closes_at_each_optimizer_step() -> None:
         assert s.optimizer_s == pytest.approx(0.01)
 
 
-def test_ddp_wait_is_last_done_minus_last_launch() -> None:
-    sc, c, dev = make()
-    assert dev is not None
+@pytest.mark.parametrize(
+    ("timer", "wait"),
+    # Host clock: last launch (30 ms) to the last all-reduce done (52 ms). Device: last launch
+    # to backward's end (55 ms), where the stream waits for the all-reduce.
+    [("host", 0.022), ("device", 0.025)],
+)
+def test_ddp_wait_runs_from_the_last_launch(timer: str, wait: float) -> None:
+    sc, c, dev = make(timer)
     c.at(0.0)
     sc.forward_begin()
     c.at(0.010)
@@ -185,13 +197,58 @@ def test_ddp_wait_is_last_done_minus_last_launch() -> None:
     sc.optimizer_begin()
     c.at(0.080)
     sc.optimizer_end()
+    assert dev is not None
     dev.complete_all()
     s0, s1 = sc.resolve()
-    assert s0.collective_wait_s == pytest.approx(0.022)
-    assert s0.collective_ops == pytest.approx({"ddp_allreduce": 0.022})
-    assert s0.backward_s == pytest.approx(0.045 - 0.022)  # exclusive: the wait is carved out
-    assert s0.compute_s == pytest.approx(0.010 + 0.045 - 0.022 + 0.005)
+    assert s0.collective_wait_s == pytest.approx(wait)
+    assert s0.collective_ops == pytest.approx({"ddp_allreduce": wait})
+    assert s0.backward_s == pytest.approx(0.045 - wait)  # exclusive: the wait is carved out
+    assert s0.compute_s == pytest.approx(0.010 + 0.045 - wait + 0.005)
     assert s1.collective_wait_s is None
+
+
+def test_host_ahead_of_the_device_books_each_instant_once() -> None:
+    """The host asks for the next batch while the device still runs the step it launched. Host
+    time: 20 ms data wait, launches h2d, forward, backward and optimizer, 1 ms more. Device: the
+    step's work takes 13 ms (h2d 1, forward 4, backward 6, optimizer 2), run ahead of the host.
+    On the device's timeline the step is 21 ms (the host's pace), its data wait the 8 ms the
+    device sat idle (not the host's 20 ms, 12 of which the queued work covered), and everything
+    adds up to the step."""
+    sc, c, dev = make()
+    assert dev is not None
+    host, device = 0.0, 0.0
+    for _ in range(4):
+        c.at(host)
+        dev.at = max(device, host)  # the device reaches the mark once its queue is done
+        began = sc.data_begin()
+        c.at(host + 0.020)
+        dev.at = device = max(device, host + 0.020)
+        sc.data_end(began, 8)
+        for begin, end, cost in (
+            (sc.h2d_begin, sc.h2d_end, 0.001),
+            (sc.forward_begin, sc.forward_end, 0.004),
+            (sc.backward_begin, sc.backward_end, 0.006),
+            (sc.optimizer_begin, sc.optimizer_end, 0.002),
+        ):
+            begin()
+            device = max(device, c.t) + cost  # queued behind what the device still runs
+            dev.at = device
+            end()
+        host += 0.021
+    c.at(host)
+    dev.at = max(device, host)
+    sc.data_begin()
+    dev.complete_all()
+    steps = sc.resolve()
+    assert len(steps) == 4
+    for s in steps[1:]:  # the first step had nothing queued: its whole wait was idle
+        assert s.step_s == pytest.approx(0.021)
+        assert s.data_wait_s == pytest.approx(0.021 - 0.013)
+        assert (s.h2d_s, s.forward_s, s.backward_s, s.optimizer_s) == pytest.approx(
+            (0.001, 0.004, 0.006, 0.002)
+        )
+        booked = s.data_wait_s + s.h2d_s + s.forward_s + s.backward_s + s.optimizer_s
+        assert booked == pytest.approx(s.step_s)
 
 
 def test_bounded_pending_queue_counts_drops() -> None:

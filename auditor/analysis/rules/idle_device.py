@@ -15,6 +15,11 @@ Blamed: the ranks that own the GPU (:func:`auditor.analysis.devices.gpu_owners`)
 the job with a stray process on it; otherwise no rank (``ranks=()``): the GPU and the PIDs are
 named in the evidence and the summary; the report gives the fix under ``evidence["fix"]``.
 
+A GPU whose owners all train and spend at least ``waiting_share`` of their step waiting (for
+data, or for peers at a collective) is not idle: its low utilisation is the wait that
+data_starvation and the straggler rules judge on the ranks (a starved job on a small model
+reads below 2% on NVML), and those findings name the fix.
+
 Speed-up: not predicted. Nothing in the job waits for an idle GPU; freeing it gives its memory,
 and the GPU itself, to work that uses it. One finding per idle GPU, ``warning``.
 """
@@ -50,6 +55,7 @@ def detect(
     min_samples: int = 5,
     max_util: float = 0.02,
     min_mem_bytes: int = GIB,
+    waiting_share: float = 0.5,
 ) -> list[Finding]:
     """Find GPUs that hold memory and compute nothing.
 
@@ -58,14 +64,20 @@ def detect(
         min_samples: NVML samples a GPU needs in the window before it is judged.
         max_util: median utilisation (0..1) at or below which a GPU counts as idle.
         min_mem_bytes: memory in use that counts as held where NVML lists no process.
+        waiting_share: owners that wait this share of their step or more explain the GPU's
+            idleness (their waits are the rank rules' to judge).
     """
     if snapshot.ranks and snapshot.most_steps < min_steps:
         return []
     owners = snapshot.owners
     strays = snapshot.strays
+    waiting = _waiting(snapshot, min_steps, waiting_share)
     findings: list[Finding] = []
     for uuid, d in snapshot.gpus_in_place:
         if d.lost or d.samples < min_samples or d.gpu_util is None or d.gpu_util > max_util:
+            continue
+        mine = owners.get(uuid, ())
+        if mine and all(r in waiting for r in mine):
             continue
         used = d.mem_used_bytes
         if not d.processes and (used is None or used < min_mem_bytes):
@@ -75,6 +87,15 @@ def detect(
         ranks = tuple(owners.get(uuid, ())) or tuple(sorted(strays.get(uuid, {})))
         findings.append(_finding(d, ranks, held))
     return findings
+
+
+def _waiting(snapshot: Snapshot, min_steps: int, share: float) -> frozenset[int]:
+    """Ranks that train and wait (data wait plus collective wait) ``share`` of their step."""
+    return frozenset(
+        r
+        for r, s in snapshot.ready(min_steps).items()
+        if s.data_wait_s + (s.collective_wait_s or 0.0) >= share * s.step_s
+    )
 
 
 def _finding(d: DeviceStats, ranks: tuple[int, ...], held: float | None) -> Finding:

@@ -1,0 +1,370 @@
+"""The training jobs ``bench/gpu_validate.py`` runs: ordinary PyTorch loops, nothing auditor-aware.
+
+    python bench/gpu_jobs.py phases  --arm probe|plain|sync --steps N --out FILE
+    python bench/gpu_jobs.py memory  --batch B --steps N --out FILE
+    torchrun --nproc_per_node=2 bench/gpu_jobs.py verdict --fault starve|forward|none --seconds S
+    python bench/gpu_jobs.py train   --seconds S          (the job the NVML recording watches)
+
+Every job runs on ``cuda:0`` where CUDA is there and on the CPU otherwise (``gpu_validate.py
+--dry-run``), with sizes chosen per device so that each phase costs milliseconds on an H100 and
+the whole plan stays short on a 2-core CPU.
+
+``phases``: one process, a DataLoader of pinned host batches -> ``Tensor.to(non_blocking=True)``
+-> an MLP's forward -> backward -> Adam. The three compute phases cost apart in a known ratio
+(backward about twice forward; Adam a memory-bound pass over the parameters). ``--arm sync``
+times each phase on the host between ``torch.cuda.synchronize()`` calls (the reference);
+``plain`` and ``probe`` run the loop untouched and record the host's step times (the probe, when
+``auditor``'s environment is set, measures its own phases with CUDA events). Every arm counts the
+synchronisations CUDA's sync debug mode reports outside the reference's own.
+
+``memory``: one process, the MLP with Adam at batch ``--batch`` (inputs made on the device from a
+batch-returning dataset, so the host stays out of it): writes the exact bytes of parameters,
+gradients and optimizer state and the allocator's peak over a measured step.
+
+``verdict``: two ranks on the one GPU (gloo over CUDA tensors: NCCL refuses two ranks on one
+device), DDP over a small MLP. ``--fault starve``: rank 1 reads from slow storage with
+``num_workers=0`` and pageable memory; ``forward``: rank 1 runs extra device work in its forward;
+``none``: the same job balanced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda", 0) if CUDA else torch.device("cpu")
+
+# (width, layers, batch) of the phase job's MLP: on an H100 (fp32, TF32 off) forward ~9 ms,
+# backward ~18 ms, Adam ~1 ms over 50M parameters, H2D ~1.3 ms of 32 MiB pinned.
+PHASE_SHAPE = (4096, 3, 2048) if CUDA else (256, 3, 128)
+# (width, layers) of the memory job: deep and narrow, so that the activations kept for backward
+# (layers + 1 tensors of batch x width) dwarf backward's transient gradient tensors.
+MEMORY_SHAPE = (1024, 24) if CUDA else (128, 12)
+# The verdict job: a small MLP (1M parameters: gloo's all-reduce over host copies stays cheap).
+VERDICT_SHAPE = (512, 4, 64)
+# Extra device work of the forward straggler: matrix products on a buffer (about 30 ms on an
+# H100 in fp32); on the CPU a sleep stands in for device time.
+STRAGGLER_MM = (4096, 12)
+STRAGGLER_CPU_S = 0.03
+# Slow storage of the starved rank: seconds per sample read.
+STARVE_READ_S = 0.002
+
+
+def mlp(width: int, layers: int) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*mods)
+
+
+class Rows(Dataset):
+    """``n`` deterministic rows of ``width`` floats, made once on the host."""
+
+    def __init__(self, n: int, width: int, read_s: float = 0.0) -> None:
+        self.x = torch.randn(n, width, generator=torch.Generator().manual_seed(0))
+        self.read_s = read_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.read_s:
+            time.sleep(self.read_s)
+        return self.x[i]
+
+
+class Slab(Rows):
+    """Rows fetched a batch at a time (``__getitems__``: one slice, not a stack of rows), so
+    that the host keeps ahead of the device as in a job whose loading is not the bottleneck."""
+
+    def __getitems__(self, idx: list[int]) -> torch.Tensor:
+        return self.x[idx[0] : idx[0] + len(idx)]
+
+
+class Batches(Dataset):
+    """Whole batches made on the device (``__getitems__``: one call per batch)."""
+
+    def __init__(self, batch: int, width: int) -> None:
+        self.batch, self.width = batch, width
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        raise NotImplementedError  # always fetched whole, by __getitems__
+
+    def __getitems__(self, idx: list[int]) -> torch.Tensor:
+        return torch.randn(len(idx), self.width, device=DEVICE)
+
+
+def _same(batch: torch.Tensor) -> torch.Tensor:
+    return batch
+
+
+def _sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+class SyncCounter:
+    """Counts the synchronisations CUDA's sync debug mode warns about (none on the CPU)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._shown = warnings.showwarning
+
+    def __enter__(self) -> SyncCounter:
+        if CUDA:
+            warnings.simplefilter("always")
+            warnings.showwarning = self._show  # type: ignore[assignment]
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def _show(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        if "synchroniz" in str(message):
+            self.count += 1
+        else:
+            self._shown(message, *args, **kwargs)
+
+    def __exit__(self, *exc: object) -> None:
+        if CUDA:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = self._shown
+
+
+def phases(args: argparse.Namespace) -> dict[str, Any]:
+    width, layers, batch = PHASE_SHAPE
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = mlp(width, layers).to(DEVICE)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
+    loader = DataLoader(
+        Slab(batch * 4, width), batch_size=batch, num_workers=0, pin_memory=CUDA, collate_fn=_same
+    )
+    steps: list[float] = []
+    ref: dict[str, list[float]] = {"h2d": [], "forward": [], "backward": [], "optimizer": []}
+    done = 0
+    counter = SyncCounter()
+    _sync()
+    last = time.perf_counter()
+    with counter:
+        while done < args.steps:
+            for x in loader:
+                if args.arm == "sync":
+                    _sync()
+                    t0 = time.perf_counter()
+                    x = x.to(DEVICE, non_blocking=True)
+                    _sync()
+                    t1 = time.perf_counter()
+                    out = model(x)
+                    _sync()
+                    t2 = time.perf_counter()
+                    loss = out.square().mean()
+                    _sync()
+                    t3 = time.perf_counter()
+                    loss.backward()
+                    _sync()
+                    t4 = time.perf_counter()
+                    opt.step()
+                    _sync()
+                    t5 = time.perf_counter()
+                    opt.zero_grad(set_to_none=True)
+                    for k, v in zip(ref, (t1 - t0, t2 - t1, t4 - t3, t5 - t4), strict=True):
+                        ref[k].append(v)
+                else:
+                    x = x.to(DEVICE, non_blocking=True)
+                    loss = model(x).square().mean()
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                now = time.perf_counter()
+                steps.append(now - last)
+                last = now
+                done += 1
+                if done >= args.steps:
+                    break
+    _sync()
+    warm = max(1, len(steps) // 5)  # start-up steps (allocator, kernels' first launches) out
+    out: dict[str, Any] = {
+        "arm": args.arm,
+        "device": str(DEVICE),
+        "shape": {"width": width, "layers": layers, "batch": batch},
+        "steps": len(steps),
+        "step_s_median": statistics.median(steps[warm:]),
+        "syncs": counter.count,
+    }
+    if args.arm == "sync":
+        out["reference_s"] = {k: statistics.median(v[warm:]) for k, v in ref.items()}
+    return out
+
+
+def memory(args: argparse.Namespace) -> dict[str, Any]:
+    width, layers = MEMORY_SHAPE
+    torch.manual_seed(0)
+    model = mlp(width, layers).to(DEVICE)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
+    loader = DataLoader(Batches(args.batch, width), batch_size=args.batch, collate_fn=lambda b: b)
+    peak: int | None = None
+    for i, x in enumerate(loader):
+        if i == args.steps - 1 and CUDA:  # the last step, allocator warm and state built
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i == args.steps - 1:
+            if CUDA:
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated()
+            break
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    by_kind: dict[str, int] = {}
+    for st in opt.state.values():
+        for k, t in st.items():
+            if torch.is_tensor(t):
+                by_kind[k] = by_kind.get(k, 0) + t.numel() * t.element_size()
+    return {
+        "device": str(DEVICE),
+        "batch": args.batch,
+        "shape": {"width": width, "layers": layers},
+        "param_bytes": param_bytes,
+        "grad_bytes": param_bytes,  # every parameter trains; grads are sized like them
+        "optimizer_bytes": sum(by_kind.values()),
+        "optimizer_bytes_by_kind": dict(sorted(by_kind.items())),
+        "peak_bytes": peak,
+        "device_total_bytes": torch.cuda.get_device_properties(0).total_memory if CUDA else None,
+    }
+
+
+class Straggler(nn.Module):
+    """With ``slow``, the forward also runs device work whose result it drops (a costly metric,
+    an extra head nobody trains): time on the device, not on the host. Every rank wraps its
+    model alike (DDP wants the same modules everywhere); the work tensor is no buffer, so DDP
+    neither checks nor broadcasts it."""
+
+    def __init__(self, inner: nn.Module, slow: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        size = STRAGGLER_MM[0]
+        self.work = torch.randn(size, size, device=DEVICE) / size**0.5 if slow and CUDA else None
+        self.slow = slow
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.work is not None:
+            w = self.work
+            for _ in range(STRAGGLER_MM[1]):
+                w = torch.mm(w, self.work)
+        elif self.slow:
+            time.sleep(STRAGGLER_CPU_S)
+        return self.inner(x)
+
+
+def verdict(args: argparse.Namespace) -> dict[str, Any]:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if CUDA:
+        torch.cuda.set_device(0)  # both ranks on the one GPU
+    else:
+        torch.set_num_threads(1)
+    width, layers, batch = VERDICT_SHAPE
+    torch.manual_seed(0)
+    net = Straggler(mlp(width, layers), slow=args.fault == "forward" and rank == 1).to(DEVICE)
+    model = nn.parallel.DistributedDataParallel(net, device_ids=[0] if CUDA else None)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    starve = args.fault == "starve"
+    data = Rows(4096, width, read_s=STARVE_READ_S if starve and rank == 1 else 0.0)
+    sampler = torch.utils.data.distributed.DistributedSampler(data)
+    loader = DataLoader(
+        data,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=0 if starve else 2,
+        pin_memory=CUDA and not starve,
+        persistent_workers=not starve,
+        drop_last=True,
+    )
+    start, step, epoch = time.time(), 0, 0
+    stop = torch.zeros(1)
+    while True:
+        sampler.set_epoch(epoch)
+        for x in loader:
+            x = x.to(DEVICE, non_blocking=True)
+            loss = model(x).square().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            if step % 10 == 0:  # rank 0 decides when to stop: ranks never disagree at a collective
+                stop.fill_(1.0 if time.time() - start >= args.seconds else 0.0)
+                dist.broadcast(stop, src=0)
+                if stop.item():
+                    dist.destroy_process_group()
+                    return {"rank": rank, "steps": step}
+        epoch += 1
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """A plain CUDA training job for the NVML recording: busy, then idle at the end."""
+    width, layers, batch = PHASE_SHAPE
+    model = mlp(width, layers).to(DEVICE)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, width, device=DEVICE)
+    start, steps = time.time(), 0
+    while time.time() - start < args.seconds:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        steps += 1
+        if steps % 20 == 0:
+            _sync()
+    return {"steps": steps, "pid": os.getpid()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="job", required=True)
+    ph = sub.add_parser("phases")
+    ph.add_argument("--arm", choices=("probe", "plain", "sync"), required=True)
+    ph.add_argument("--steps", type=int, default=200)
+    ph.add_argument("--profile", action="store_true", help="print the loop's 25 costliest calls")
+    me = sub.add_parser("memory")
+    me.add_argument("--batch", type=int, required=True)
+    me.add_argument("--steps", type=int, default=4)
+    ve = sub.add_parser("verdict")
+    ve.add_argument("--fault", choices=("starve", "forward", "none"), required=True)
+    ve.add_argument("--seconds", type=float, default=20.0)
+    tr = sub.add_parser("train")
+    tr.add_argument("--seconds", type=float, default=20.0)
+    for s in (ph, me, ve, tr):
+        s.add_argument("--out", help="write the job's figures here (JSON)")
+    args = p.parse_args(argv)
+    job = {"phases": phases, "memory": memory, "verdict": verdict, "train": train}[args.job]
+    if getattr(args, "profile", False):
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        result = prof.runcall(job, args)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    else:
+        result = job(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

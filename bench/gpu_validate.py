@@ -1,0 +1,834 @@
+"""Every GPU path of the auditor, checked on a real GPU in one run of a few minutes.
+
+    python bench/gpu_validate.py [--dry-run] [--only NAME[,NAME...]] [--record-dir DIR]
+
+Five groups of checks, one line each (``holds`` / ``falls short``, with the figure):
+
+1. ``nvml``: every field of every GPU present, or missing with NVML's reason; values sane; the
+   cost of one ``sample()``; a 20 s recording of a real CUDA training job (``gpu_jobs.py
+   train``), written to ``tests/data/<gpu>_live/nvml_recording.jsonl``.
+2. ``phases``: the probe's CUDA-event phase timings (H2D, forward, backward, optimizer) against
+   the same steps timed between ``torch.cuda.synchronize()`` calls, each within 10% or 0.5 ms;
+   the phases of a step add up to no more than the step; no synchronisation added (CUDA's sync
+   debug mode); the probe's cost per step side by side with the bare loop, within 0.5%.
+3. ``verdict``: two ranks on the one GPU under ``auditor run --no-ray -- torchrun
+   --nproc_per_node=2``: rank 1 starved (data_starvation on rank 1, advice names ``num_workers``
+   and ``pin_memory``), rank 1 slow in its forward on the device (compute_straggler on rank 1, no
+   data_starvation, rank 0 never blamed), balanced (no warning); both ranks mapped to GPU 0 and
+   no GPU rule reading the shared GPU as imbalanced. Each run is recorded with ``--record`` into
+   the record dir (real GPU fixtures the replay tests read).
+4. ``memory``: the probe's budget (parameters, gradients, Adam's state) against the exact bytes;
+   activations per sample x batch against ``max_memory_allocated()`` less the fixed part, within
+   15%; the headroom finding's largest batch run for real: it fits.
+5. ``sampling``: the GPU monitor's sampling loop at 1 s in this process, CPU per GPU (the
+   sampling thread's own CPU time) beside the recorded source.
+
+Writes ``bench/results/gpu_validate.json`` (``BENCH_RESULTS_DIR`` to write elsewhere): the
+device's name and driver, and ``checks``: ``[{"name", "holds", "figure"}]``. Exit status: 0 when
+every check holds, 1 when one falls short, 2 when there is no GPU and no ``--dry-run``.
+
+``--dry-run`` runs the same plan on the CPU with the recorded NVML source (the fixture
+``tests/data/balanced_4gpu``) and writes its recordings to a temporary folder: it proves the
+script, not the GPU. The timing checks are figures there (a CPU has no device clock to check),
+the verdict and memory checks hold as they do on a GPU.
+
+The device machine has torch but no Ray: everything runs with ``--no-ray`` and the node agent
+in-process; nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as c
+import psutil
+
+from auditor.cluster.intake import RankIntake
+from auditor.cluster.monitor import GpuMonitorCore
+from auditor.samples import Batch, DeviceSample, MemoryBudget, StepSample
+from auditor.session import probe_env
+from auditor.telemetry.recorded import RecordingWriter, read_recording
+from auditor.telemetry.sources import DeviceSource, RecordedDeviceSource, make_source
+
+JOBS = os.path.join(c.BENCH_DIR, "gpu_jobs.py")
+DRY_SOURCE = os.path.join(c.REPO, "tests", "data", "balanced_4gpu", "recording.jsonl")
+
+# Tolerances the issue sets.
+PHASE_REL, PHASE_ABS_S = 0.10, 0.0005  # each phase within 10% or 0.5 ms of the reference
+PROBE_COST_MAX = 0.005  # the probe's cost per step within 0.5% of the step
+PAIRS = 3  # bare/probed pairs of the phase job for that cost
+ADD_UP_MAX = 1.02  # the phases of a step add up to at most the step (2% for clock rounding)
+ACTIVATION_REL = 0.15  # activations x batch within 15% of the allocator's peak less the fixed part
+GPU_KINDS = ("utilization_imbalance", "hardware_straggler", "idle_device", "memory_imbalance")
+
+# DeviceSample fields that come from NVML reads (identity and time excluded), and the NVML
+# function behind each (what a "missing" report names).
+VALUE_FIELDS = tuple(
+    f.name
+    for f in fields(DeviceSample)
+    if f.name not in ("node", "index", "uuid", "time", "model", "lost", "processes")
+)
+FIELD_FUNCTIONS = {
+    "gpu_util": "nvmlDeviceGetUtilizationRates",
+    "mem_util": "nvmlDeviceGetUtilizationRates",
+    "mem_used_bytes": "nvmlDeviceGetMemoryInfo",
+    "mem_total_bytes": "nvmlDeviceGetMemoryInfo",
+    "sm_clock_mhz": "nvmlDeviceGetClockInfo",
+    "sm_clock_max_mhz": "nvmlDeviceGetMaxClockInfo",
+    "mem_clock_mhz": "nvmlDeviceGetClockInfo",
+    "mem_clock_max_mhz": "nvmlDeviceGetMaxClockInfo",
+    "throttle_reasons": "nvmlDeviceGetCurrentClocksEventReasons",
+    "power_w": "nvmlDeviceGetPowerUsage",
+    "power_limit_w": "nvmlDeviceGetEnforcedPowerLimit",
+    "temperature_c": "nvmlDeviceGetTemperature",
+    "pcie_gen": "nvmlDeviceGetCurrPcieLinkGeneration",
+    "pcie_gen_max": "nvmlDeviceGetMaxPcieLinkGeneration",
+    "pcie_width": "nvmlDeviceGetCurrPcieLinkWidth",
+    "pcie_width_max": "nvmlDeviceGetMaxPcieLinkWidth",
+}
+
+
+@dataclass
+class Check:
+    name: str
+    holds: bool
+    figure: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{'holds      ' if self.holds else 'falls short'}  {self.name}: {self.figure}"
+
+
+@dataclass
+class Plan:
+    dry_run: bool
+    source_spec: str  # nvml, or recorded:PATH on a dry run
+    record_dir: Path
+    workdir: Path
+    env: dict[str, str]
+    seconds: float  # each verdict job's training time
+    steps: int  # each phase arm's steps
+    profile: bool = False
+    device: dict[str, Any] = field(default_factory=dict)
+
+
+# -- 1. NVML -------------------------------------------------------------------------------------
+
+
+def sanity(s: DeviceSample) -> list[str]:
+    """Values that cannot be right (missing values are not problems)."""
+    if s.lost:
+        return ["GPU is lost"]
+    out: list[str] = []
+    for name in ("gpu_util", "mem_util"):
+        v = getattr(s, name)
+        if v is not None and not 0.0 <= v <= 1.0:
+            out.append(f"{name}={v} outside 0..1")
+    for cur, top in (
+        ("mem_used_bytes", "mem_total_bytes"),
+        ("sm_clock_mhz", "sm_clock_max_mhz"),
+        ("mem_clock_mhz", "mem_clock_max_mhz"),
+        ("pcie_gen", "pcie_gen_max"),
+        ("pcie_width", "pcie_width_max"),
+    ):
+        a, b = getattr(s, cur), getattr(s, top)
+        if a is not None and b is not None and a > b:
+            out.append(f"{cur}={a} > {top}={b}")
+    if s.mem_total_bytes is not None and s.mem_total_bytes <= 0:
+        out.append(f"mem_total_bytes={s.mem_total_bytes}")
+    for name in ("power_w", "power_limit_w"):
+        v = getattr(s, name)
+        if v is not None and v <= 0:
+            out.append(f"{name}={v} not positive")
+    if s.temperature_c is not None and not 0 < s.temperature_c < 130:
+        out.append(f"temperature_c={s.temperature_c} implausible")
+    return out
+
+
+def read_fields(source: DeviceSource, uuid: str, reads: int) -> dict[str, Any]:
+    """One GPU's fields (present with value, or missing with NVML's reason) and a read's cost."""
+    s = source.sample(uuid)
+    nvml = getattr(source, "nvml", None)
+    reasons = nvml.missing() if nvml is not None else {}
+    costs: list[float] = []
+    for _ in range(reads):
+        t = time.perf_counter()
+        source.sample(uuid)
+        costs.append(time.perf_counter() - t)
+    costs.sort()
+    return {
+        "uuid": uuid,
+        "model": s.model,
+        "present": {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k in VALUE_FIELDS
+            if (v := getattr(s, k)) is not None
+        },
+        "missing": {
+            k: reasons.get(FIELD_FUNCTIONS[k], "not in the recording" if nvml is None else "?")
+            for k in VALUE_FIELDS
+            if getattr(s, k) is None
+        },
+        "problems": sanity(s),
+        "sample_ms": {
+            "median": round(statistics.median(costs) * 1e3, 4),
+            "p95": round(costs[round(0.95 * (len(costs) - 1))] * 1e3, 4),
+        },
+    }
+
+
+def record_job(plan: Plan, source: DeviceSource, path: Path, seconds: float) -> dict[str, Any]:
+    """Sample every GPU once a second while a CUDA training job runs (2 s idle either side)."""
+    idents = source.devices()
+    writer = RecordingWriter(
+        path,
+        job="gpu_train",
+        meta={
+            "source": "bench/gpu_validate.py (nvml)",
+            "device": plan.device,
+            "train": f"bench/gpu_jobs.py train --seconds {seconds:g}",
+            "interval_s": 1.0,
+        },
+    )
+    proc: subprocess.Popen[str] | None = None
+    ended: float | None = None
+    seen_pid = False
+    peak_util = 0.0
+    ticks, t0 = 0, time.time()
+    try:
+        while True:
+            now = time.time()
+            if proc is None and now - t0 >= 2.0:
+                proc = subprocess.Popen(
+                    [sys.executable, JOBS, "train", "--seconds", str(seconds)],
+                    env=plan.env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            if proc is not None and ended is None and proc.poll() is not None:
+                ended = now
+            if ended is not None and now - ended >= 2.0:
+                break
+            samples = tuple(source.sample(i.uuid) for i in idents)
+            writer.write(Batch(devices=samples))
+            ticks += 1
+            for s in samples:
+                peak_util = max(peak_util, s.gpu_util or 0.0)
+                seen_pid |= proc is not None and any(p.pid == proc.pid for p in s.processes)
+            time.sleep(max(0.0, t0 + ticks - time.time()))
+    finally:
+        writer.close()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    assert proc is not None
+    out = proc.communicate(timeout=30)[0]
+    return {
+        "path": str(path),
+        "ticks": ticks,
+        "returncode": proc.returncode,
+        "output": out.strip()[-300:],
+        "peak_gpu_util": peak_util,
+        "job_pid_in_processes": seen_pid,
+    }
+
+
+def check_nvml(plan: Plan) -> list[Check]:
+    source = make_source(plan.source_spec, socket.gethostname())
+    try:
+        idents = source.devices()
+        gpus = [read_fields(source, i.uuid, 200) for i in idents]
+        driver = source.driver_info() if hasattr(source, "driver_info") else {}
+        plan.device.setdefault("driver", driver)
+        rec = record_job(plan, source, plan.record_dir / "nvml_recording.jsonl", plan.seconds)
+    finally:
+        close = getattr(source, "close", None)
+        if close:
+            close()
+    problems = {g["uuid"]: g["problems"] for g in gpus if g["problems"]}
+    present = sum(len(g["present"]) for g in gpus)
+    missing = {k: v for g in gpus for k, v in g["missing"].items()}
+    cost = max((g["sample_ms"]["median"] for g in gpus), default=None)
+    replay = read_recording(rec["path"])
+    replayed = RecordedDeviceSource(
+        replay, replay.batch.devices[0].node if replay.batch.devices else ""
+    )
+    busy = rec["returncode"] == 0 and (plan.dry_run or rec["peak_gpu_util"] > 0.5)
+    return [
+        Check(
+            "nvml.fields",
+            bool(gpus) and not problems,
+            f"{len(gpus)} GPU(s), {present} fields present, "
+            + (f"missing {sorted(missing)}" if missing else "none missing")
+            + (f"; problems {problems}" if problems else ""),
+            {"gpus": gpus, "driver": driver},
+        ),
+        Check(
+            "nvml.sample_cost",
+            cost is not None,
+            f"one sample() {cost} ms median (the slowest GPU)",
+        ),
+        Check(
+            "nvml.recording",
+            busy and len(replayed.devices()) == len(idents) and rec["ticks"] >= plan.seconds,
+            f"{rec['ticks']} ticks over a {plan.seconds:g} s job, peak utilisation "
+            f"{rec['peak_gpu_util']:.0%}, job PID seen by NVML: {rec['job_pid_in_processes']}",
+            rec,
+        ),
+    ]
+
+
+# -- 2. phases on the device ----------------------------------------------------------------------
+
+
+def _phase_arm(
+    plan: Plan, arm: str, env: dict[str, str], profile: bool = False
+) -> dict[str, Any]:
+    out = plan.workdir / f"phases_{arm}_{time.monotonic_ns()}.json"
+    cmd = [sys.executable, JOBS, "phases", "--arm", arm, "--steps", str(plan.steps)]
+    subprocess.run(
+        [*cmd, "--out", str(out), *(["--profile"] if profile else [])],
+        env=env,
+        check=True,
+        timeout=300,
+    )
+    return dict(json.loads(out.read_text()))
+
+
+def _drain(
+    intake: RankIntake, timeout_s: float = 15.0
+) -> tuple[list[StepSample], list[MemoryBudget]]:
+    """Everything the last probed process sent, until its connection closed."""
+    steps: list[StepSample] = []
+    budgets: list[MemoryBudget] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = intake.drain()
+        steps += got.steps
+        budgets += got.memory
+        if got.ended or time.monotonic() > deadline:
+            return steps, budgets
+        time.sleep(0.05)
+
+
+def check_phases(plan: Plan) -> list[Check]:
+    sink = str(plan.workdir / "phases.sock")
+    intake = RankIntake(sink)
+    intake.start()
+    probed = probe_env(plan.env, sink=sink, job="gpu_phases")
+    try:
+        if plan.profile:  # where the probe's time goes on this device (printed, not judged)
+            _phase_arm(plan, "probe", probed, profile=True)
+            _drain(intake)
+        reference = _phase_arm(plan, "sync", plan.env)
+        pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        samples: list[StepSample] = []
+        for i in range(PAIRS):  # alternated pairs, order swapped: drift hits both arms
+            if i % 2 == 0:
+                bare = _phase_arm(plan, "plain", plan.env)
+                probe = _phase_arm(plan, "probe", probed)
+            else:
+                probe = _phase_arm(plan, "probe", probed)
+                bare = _phase_arm(plan, "plain", plan.env)
+            got, _ = _drain(intake)
+            samples = got or samples
+            pairs.append((bare, probe))
+    finally:
+        intake.stop()
+    checks: list[Check] = []
+    steady = sorted(samples, key=lambda s: s.step)[len(samples) // 5 :]
+    ref = reference["reference_s"]
+    got_s = {
+        "h2d": [s.h2d_s for s in steady],
+        "forward": [s.forward_s for s in steady],
+        "backward": [s.backward_s for s in steady],
+        "optimizer": [s.optimizer_s for s in steady],
+    }
+    for name, ref_s in ref.items():
+        vals = [v for v in got_s[name] if v is not None]
+        med = statistics.median(vals) if vals else None
+        ok = med is not None and abs(med - ref_s) <= max(PHASE_REL * ref_s, PHASE_ABS_S)
+        checks.append(
+            Check(
+                f"phases.{name}",
+                ok or plan.dry_run,
+                f"probe {_ms(med)} against synchronised {_ms(ref_s)}"
+                + (f" ({(med / ref_s - 1) * 100:+.1f}%)" if med and ref_s else ""),
+                {"probe_s": med, "reference_s": ref_s, "steps": len(vals)},
+            )
+        )
+    # Every instant of a step is booked once: data wait (host clock) + device-timed phases +
+    # collective wait never exceed the step.
+    ratios = sorted(
+        (s.data_wait_s + s.h2d_s + s.forward_s + s.backward_s + s.optimizer_s
+         + (s.collective_wait_s or 0.0)) / s.step_s
+        for s in steady
+        if s.step_s > 0
+    )  # fmt: skip
+    p95 = ratios[round(0.95 * (len(ratios) - 1))] if ratios else None
+    checks.append(
+        Check(
+            "phases.add_up",
+            p95 is not None and (p95 <= ADD_UP_MAX or plan.dry_run),
+            f"phases / step: median {statistics.median(ratios):.3f}, p95 {p95:.3f} "
+            f"over {len(ratios)} steps"
+            if ratios
+            else "no steps received",
+            {"median": statistics.median(ratios) if ratios else None, "p95": p95},
+        )
+    )
+    syncs = [p["syncs"] - b["syncs"] for b, p in pairs]
+    checks.append(
+        Check(
+            "phases.no_sync",
+            all(n <= 0 for n in syncs),
+            f"synchronisations the probe added per run: {syncs} (CUDA sync debug mode)"
+            if not plan.dry_run
+            else "no device to synchronise on the CPU",
+        )
+    )
+    costs = [p["step_s_median"] / b["step_s_median"] - 1 for b, p in pairs]
+    cost = statistics.median(costs)
+    bare_ms = statistics.median(b["step_s_median"] for b, _ in pairs) * 1e3
+    checks.append(
+        Check(
+            "phases.probe_cost",
+            cost <= PROBE_COST_MAX or plan.dry_run,
+            f"probe {cost * 100:+.2f}% of a {bare_ms:.2f} ms step (pairs: "
+            + ", ".join(f"{x * 100:+.2f}%" for x in costs)
+            + ")",
+            {"pairs": [{"bare": b, "probe": p} for b, p in pairs]},
+        )
+    )
+    return checks
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 1e3:.2f} ms"
+
+
+# -- 3. verdicts on the GPU -----------------------------------------------------------------------
+
+
+def audited(plan: Plan, name: str, command: Sequence[str]) -> tuple[dict[str, Any], Path]:
+    """``auditor run --no-ray`` around ``command``: its JSON report and its recording."""
+    report = plan.workdir / f"{name}.report.json"
+    record = plan.record_dir / f"{name}.jsonl"
+    log = plan.workdir / f"{name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "auditor", "run", "--no-ray", "--quiet",
+             "--device-source", plan.source_spec, "--report", str(report), "--record",
+             str(record), "--job", name, "--", *command],
+            env=plan.env, cwd=c.REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            rc = proc.wait(timeout=plan.seconds * 3 + 90)
+        except subprocess.TimeoutExpired:
+            c.stop_tree(proc, grace_s=5)  # the auditor, torchrun and the ranks: nothing left
+            rc = None
+    if rc != 0 or not report.exists():
+        print(c.tail(str(log), 3000), file=sys.stderr)
+        raise RuntimeError(f"{name}: auditor run exited {rc} (its output above)")
+    return json.loads(report.read_text()), record
+
+
+def _blamed(
+    report: dict[str, Any], *, severities: tuple[str, ...] = ("warning", "critical")
+) -> dict[str, list[int]]:
+    return {
+        f["kind"]: sorted(f["ranks"]) for f in report["findings"] if f["severity"] in severities
+    }
+
+
+def _gpu_map(record: Path) -> dict[int, tuple[str, ...]]:
+    infos = read_recording(record).batch.infos
+    return {i.rank: i.device_uuids for i in infos}
+
+
+def check_verdicts(plan: Plan) -> list[Check]:
+    job = [
+        c.tool("torchrun"),
+        "--standalone",
+        "--nproc_per_node=2",
+        JOBS,
+        "verdict",
+        "--seconds",
+        f"{plan.seconds:g}",
+    ]
+    runs = {
+        f: audited(plan, f"verdict_{f}", [*job, "--fault", f])
+        for f in ("starve", "forward", "none")
+    }
+    checks: list[Check] = []
+
+    starve, _ = runs["starve"]
+    blamed = _blamed(starve)
+    fixes = next((f["fixes"] for f in starve["findings"] if f["kind"] == "data_starvation"), {})
+    fix = str(fixes.get("1", ""))
+    advice = "num_workers" in fix and ("pin_memory" in fix or plan.dry_run)
+    checks.append(
+        Check(
+            "verdict.starved",
+            blamed.get("data_starvation") == [1] and advice and 0 not in _ranks(blamed),
+            f"blamed {blamed}; rank 1's fix: {fix!r}",
+            {"findings": starve["findings"]},
+        )
+    )
+    slow, _ = runs["forward"]
+    blamed = _blamed(slow)
+    checks.append(
+        Check(
+            "verdict.forward_straggler",
+            blamed.get("compute_straggler") == [1]
+            and "data_starvation" not in blamed
+            and 0 not in _ranks(blamed),
+            f"blamed {blamed}; "
+            + ", ".join(
+                f"rank {r['rank']} forward {_ms(r['forward_s'])} wait {_ms(r['collective_wait_s'])}"
+                for r in slow["ranks"]
+            ),
+            {"findings": slow["findings"], "ranks": slow["ranks"]},
+        )
+    )
+    even, _ = runs["none"]
+    blamed = _blamed(even)
+    checks.append(
+        Check(
+            "verdict.balanced",
+            not blamed,
+            f"warnings: {blamed or 'none'}; step "
+            + ", ".join(f"rank {r['rank']} {_ms(r['step_s'])}" for r in even["ranks"]),
+            {"findings": even["findings"]},
+        )
+    )
+    maps = {f: _gpu_map(rec) for f, (_, rec) in runs.items()}
+    gpu_blame = {
+        f: {
+            k: v
+            for k, v in _blamed(r, severities=("info", "warning", "critical")).items()
+            if k in GPU_KINDS
+        }
+        for f, (r, _) in runs.items()
+    }
+    shared = all(
+        len(m) == 2 and len({u for us in m.values() for u in us}) == 1 for m in maps.values()
+    )
+    # A fault on rank 1 may make rank 1's own share low (its finding); the shared GPU itself
+    # must never make the balanced job imbalanced, nor blame rank 0.
+    gpu_ok = not gpu_blame["none"] and 0 not in {r for b in gpu_blame.values() for r in _ranks(b)}
+    checks.append(
+        Check(
+            "verdict.shared_gpu",
+            (shared or plan.dry_run) and gpu_ok,
+            f"rank -> GPU {maps['none']}; GPU findings: "
+            + (
+                str({k: v for k, v in gpu_blame.items() if v})
+                if any(gpu_blame.values())
+                else "none"
+            ),
+            {"maps": {f: {str(k): list(v) for k, v in m.items()} for f, m in maps.items()}},
+        )
+    )
+    return checks
+
+
+def _ranks(blamed: dict[str, list[int]]) -> set[int]:
+    return {r for ranks in blamed.values() for r in ranks}
+
+
+# -- 4. memory on the device ----------------------------------------------------------------------
+
+
+def _memory_job(plan: Plan, batch: int, steps: int) -> dict[str, Any]:
+    out = plan.workdir / f"memory_{batch}.json"
+    subprocess.run(
+        [sys.executable, JOBS, "memory", "--batch", str(batch), "--steps", str(steps), "--out", str(out)],
+        env=plan.env, check=True, timeout=300,
+    )  # fmt: skip
+    return dict(json.loads(out.read_text()))
+
+
+def check_memory(plan: Plan) -> list[Check]:
+    batch = 16384 if not plan.dry_run else 256
+    exact_out = plan.workdir / "memory_probed.json"
+    report, _ = audited(
+        plan,
+        "memory",
+        [
+            sys.executable,
+            JOBS,
+            "memory",
+            "--batch",
+            str(batch),
+            "--steps",
+            "15",
+            "--out",
+            str(exact_out),
+        ],
+    )
+    exact = json.loads(exact_out.read_text())
+    budget = (report["ranks"][0]["memory"] or {}).get("budget") or {}
+    checks: list[Check] = []
+    parts = [(k, budget.get(k), exact[k]) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")]
+    kinds = budget.get("optimizer_bytes_by_kind"), exact["optimizer_bytes_by_kind"]
+    checks.append(
+        Check(
+            "memory.fixed_part",
+            all(got == want for _, got, want in parts) and kinds[0] == kinds[1],
+            ", ".join(
+                f"{k.split('_')[0]} {_mib(got)} (exact {_mib(want)})" for k, got, want in parts
+            )
+            + f"; optimizer by kind {kinds[0]} (exact {kinds[1]})",
+        )
+    )
+    per_sample = budget.get("activation_bytes_per_sample")
+    peak = exact["peak_bytes"]
+    fixed = sum(want for _, _, want in parts)
+    if per_sample is not None and peak is not None:
+        act, measured = per_sample * batch, peak - fixed
+        err = act / measured - 1
+        checks.append(
+            Check(
+                "memory.activations",
+                abs(err) <= ACTIVATION_REL,
+                f"{_mib(per_sample)}/sample x {batch} = {_mib(act)} against peak {_mib(peak)} "
+                f"less fixed {_mib(fixed)} = {_mib(measured)} ({err * 100:+.1f}%)",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "memory.activations",
+                plan.dry_run and per_sample is not None,
+                f"{_mib(per_sample)}/sample x {batch}"
+                + ("; no device allocator peak on the CPU" if peak is None else ""),
+            )
+        )
+    headroom = next((f for f in report["findings"] if f["kind"] == "memory_headroom"), None)
+    row = ((headroom or {}).get("evidence") or {}).get("per_rank", {}).get("0", {})
+    largest = row.get("largest_batch")
+    if largest is None or plan.dry_run:
+        checks.append(
+            Check(
+                "memory.headroom_fits",
+                plan.dry_run and headroom is not None,
+                f"largest batch {largest} (not run on the CPU)"
+                if headroom
+                else "no headroom finding",
+            )
+        )
+        return checks
+    try:
+        ran = _memory_job(plan, int(largest), 2)
+        total = ran["device_total_bytes"]
+        checks.append(
+            Check(
+                "memory.headroom_fits",
+                ran["peak_bytes"] <= total,
+                f"advised batch {largest} ran: peak {_mib(ran['peak_bytes'])} of {_mib(total)} "
+                f"({ran['peak_bytes'] / total:.0%}); the batch was {batch}",
+                ran,
+            )
+        )
+    except subprocess.CalledProcessError as exc:
+        checks.append(
+            Check("memory.headroom_fits", False, f"advised batch {largest} failed: {exc}")
+        )
+    return checks
+
+
+def _mib(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v / 2**20:.1f} MiB" if abs(v) >= 2**20 else f"{v / 2**10:.1f} KiB"
+
+
+# -- 5. the sampling loop's cost --------------------------------------------------------------------
+
+
+def _thread_cpu(native_id: int) -> float:
+    for t in psutil.Process().threads():
+        if t.id == native_id:
+            return t.user_time + t.system_time
+    return 0.0
+
+
+def check_sampling(plan: Plan, seconds: float = 10.0) -> list[Check]:
+    node = socket.gethostname()
+    live = make_source(plan.source_spec, node)
+    fixture = read_recording(DRY_SOURCE)
+    recorded = RecordedDeviceSource(fixture, fixture.batch.devices[0].node)
+    arms: dict[str, list[GpuMonitorCore]] = {
+        "live": [GpuMonitorCore(node=node, uuid=i.uuid, source=live) for i in live.devices()],
+        "recorded": [
+            GpuMonitorCore(node=node, uuid=i.uuid, source=recorded) for i in recorded.devices()
+        ],
+    }
+    threads = {k: [m._thread.native_id for m in ms] for k, ms in arms.items()}
+    start = {k: [_thread_cpu(t or 0) for t in ts] for k, ts in threads.items()}
+    time.sleep(seconds)
+    pct = {
+        k: statistics.median(
+            (_thread_cpu(t or 0) - s) / seconds * 100 for t, s in zip(ts, start[k], strict=True)
+        )
+        for k, ts in threads.items()
+    }
+    samples = {k: statistics.median(m.info()["samples"] for m in ms) for k, ms in arms.items()}
+    for ms in arms.values():
+        for m in ms:
+            m.stop()
+    return [
+        Check(
+            "sampling.cost",
+            samples["live"] >= seconds - 1,
+            f"{pct['live']:.3f}% of a core per GPU at 1 s ({plan.source_spec.split(':')[0]}), "
+            f"recorded source {pct['recorded']:.3f}%; {samples['live']:.0f} samples in {seconds:g} s",
+            {"cpu_pct_per_gpu": pct, "samples": samples},
+        )
+    ]
+
+
+# -- the plan -------------------------------------------------------------------------------------
+
+CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
+    "nvml": check_nvml,
+    "phases": check_phases,
+    "verdict": check_verdicts,
+    "memory": check_memory,
+    "sampling": check_sampling,
+}
+
+
+def _device() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"cuda": False, "torch": None}
+    info: dict[str, Any] = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
+    if info["cuda"]:
+        p = torch.cuda.get_device_properties(0)
+        info.update(name=p.name, total_bytes=p.total_memory, cuda=torch.version.cuda)
+    return info
+
+
+def dry_source(workdir: Path) -> Path:
+    """The dry run's GPU: GPU 0 of the recorded fixture, as a GPU of this host (a recorded source
+    serves the samples of its own node only)."""
+    rec = read_recording(DRY_SOURCE)
+    path = workdir / "dry_gpu.jsonl"
+    w = RecordingWriter(path, job="dry_run", meta={"from": os.path.relpath(DRY_SOURCE, c.REPO)})
+    for d in rec.batch.devices:
+        if d.index == 0:
+            w.write(Batch(devices=(replace(d, node=socket.gethostname()),)))
+    w.close()
+    return path
+
+
+def gpu_folder(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100_live``."""
+    m = re.search(r"\b([A-Z]+\d+[A-Za-z]*)\b", name.replace("NVIDIA", ""))
+    return (m.group(1).lower() if m else "gpu") + "_live"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="the same plan on the CPU, recorded NVML")
+    p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CHECKS)}")
+    p.add_argument("--record-dir", help="where the recordings go (default tests/data/<gpu>_live)")
+    p.add_argument("--seconds", type=float, default=None, help="each job's training time")
+    p.add_argument("--profile", action="store_true", help="also profile one probed phase arm")
+    args = p.parse_args(argv)
+    only = [x for x in args.only.split(",") if x] or list(CHECKS)
+    unknown = sorted(set(only) - set(CHECKS))
+    if unknown:
+        p.error(f"unknown check(s) {unknown}: choose from {', '.join(CHECKS)}")
+    device = _device()
+    if not device["cuda"] and not args.dry_run:
+        print("gpu_validate: no CUDA GPU here (torch sees none); --dry-run runs the plan on the CPU",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="aud-gpuval-"))
+    if args.record_dir:
+        record_dir = Path(args.record_dir)
+    elif args.dry_run:
+        record_dir = workdir / "recordings"
+    else:
+        record_dir = Path(c.REPO, "tests", "data", gpu_folder(device["name"]))
+    record_dir.mkdir(parents=True, exist_ok=True)
+    env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE, "PYTHONPATH": c.REPO})
+    plan = Plan(
+        dry_run=args.dry_run,
+        source_spec=f"recorded:{dry_source(workdir)}" if args.dry_run else "nvml",
+        record_dir=record_dir,
+        workdir=workdir,
+        env=env,
+        seconds=args.seconds or (8.0 if args.dry_run else 20.0),
+        steps=120 if args.dry_run else 200,
+        device=device,
+        profile=args.profile,
+    )
+    checks: list[Check] = []
+
+    name = "gpu_validate" + ("_dry_run" if args.dry_run else "")
+    # A run of some groups (--only) keeps the other groups' checks of the last full run.
+    kept: list[dict[str, Any]] = []
+    if args.only:
+        try:
+            with open(os.path.join(c.RESULTS, f"{name}.json")) as f:
+                kept = [
+                    ch for ch in json.load(f)["checks"] if ch["name"].split(".")[0] not in only
+                ]
+        except (OSError, ValueError, KeyError):
+            kept = []
+
+    def write() -> None:  # after every group: a run cut short keeps what it had
+        c.write_result(
+            name,
+            {
+                "dry_run": args.dry_run,
+                "device": plan.device,
+                "record_dir": str(record_dir),
+                "checks": kept
+                + [
+                    {"name": ch.name, "holds": ch.holds, "figure": ch.figure, "detail": ch.detail}
+                    for ch in checks
+                ],
+            },
+        )
+
+    for name in only:
+        t = time.monotonic()
+        try:
+            got = CHECKS[name](plan)
+        except Exception as exc:  # one group failing must not hide the others' results
+            got = [Check(name, False, f"{type(exc).__name__}: {str(exc)[-1500:]}")]
+        for ch in got:
+            ch.detail.setdefault("seconds", round(time.monotonic() - t, 1))
+            print(ch.line(), flush=True)
+        checks += got
+        write()
+    held = sum(ch.holds for ch in checks)
+    print(
+        f"gpu_validate: {held}/{len(checks)} checks hold"
+        + (" (dry run, CPU)" if args.dry_run else "")
+    )
+    return 0 if held == len(checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
