@@ -295,9 +295,7 @@ def check_nvml(plan: Plan) -> list[Check]:
 # -- 2. phases on the device ----------------------------------------------------------------------
 
 
-def _phase_arm(
-    plan: Plan, arm: str, env: dict[str, str], profile: bool = False
-) -> dict[str, Any]:
+def _phase_arm(plan: Plan, arm: str, env: dict[str, str], profile: bool = False) -> dict[str, Any]:
     out = plan.workdir / f"phases_{arm}_{time.monotonic_ns()}.json"
     cmd = [sys.executable, JOBS, "phases", "--arm", arm, "--steps", str(plan.steps)]
     subprocess.run(
@@ -556,10 +554,8 @@ def _ranks(blamed: dict[str, list[int]]) -> set[int]:
 
 def _memory_job(plan: Plan, batch: int, steps: int) -> dict[str, Any]:
     out = plan.workdir / f"memory_{batch}.json"
-    subprocess.run(
-        [sys.executable, JOBS, "memory", "--batch", str(batch), "--steps", str(steps), "--out", str(out)],
-        env=plan.env, check=True, timeout=300,
-    )  # fmt: skip
+    cmd = [sys.executable, JOBS, "memory", "--batch", str(batch), "--steps", str(steps)]
+    subprocess.run([*cmd, "--out", str(out)], env=plan.env, check=True, timeout=300)
     return dict(json.loads(out.read_text()))
 
 
@@ -658,7 +654,7 @@ def _mib(v: float | None) -> str:
     return f"{v / 2**20:.1f} MiB" if abs(v) >= 2**20 else f"{v / 2**10:.1f} KiB"
 
 
-# -- 5. the sampling loop's cost --------------------------------------------------------------------
+# -- 5. the sampling loop's cost -------------------------------------------------------------------
 
 
 def _thread_cpu(native_id: int) -> float:
@@ -697,7 +693,8 @@ def check_sampling(plan: Plan, seconds: float = 10.0) -> list[Check]:
             "sampling.cost",
             samples["live"] >= seconds - 1,
             f"{pct['live']:.3f}% of a core per GPU at 1 s ({plan.source_spec.split(':')[0]}), "
-            f"recorded source {pct['recorded']:.3f}%; {samples['live']:.0f} samples in {seconds:g} s",
+            f"recorded source {pct['recorded']:.3f}%; "
+            f"{samples['live']:.0f} samples in {seconds:g} s",
             {"cpu_pct_per_gpu": pct, "samples": samples},
         )
     ]
@@ -759,8 +756,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown check(s) {unknown}: choose from {', '.join(CHECKS)}")
     device = _device()
     if not device["cuda"] and not args.dry_run:
-        print("gpu_validate: no CUDA GPU here (torch sees none); --dry-run runs the plan on the CPU",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "gpu_validate: no CUDA GPU here (torch sees none); "
+            "--dry-run runs the plan on the CPU",
+            file=sys.stderr,
+        )
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="aud-gpuval-"))
     if args.record_dir:
@@ -790,9 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         try:
             with open(os.path.join(c.RESULTS, f"{name}.json")) as f:
-                kept = [
-                    ch for ch in json.load(f)["checks"] if ch["name"].split(".")[0] not in only
-                ]
+                kept = [ch for ch in json.load(f)["checks"] if ch["name"].split(".")[0] not in only]
         except (OSError, ValueError, KeyError):
             kept = []
 
@@ -811,12 +809,12 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
 
-    for name in only:
+    for group in only:
         t = time.monotonic()
         try:
-            got = CHECKS[name](plan)
+            got = CHECKS[group](plan)
         except Exception as exc:  # one group failing must not hide the others' results
-            got = [Check(name, False, f"{type(exc).__name__}: {str(exc)[-1500:]}")]
+            got = [Check(group, False, f"{type(exc).__name__}: {str(exc)[-1500:]}")]
         for ch in got:
             ch.detail.setdefault("seconds", round(time.monotonic() - t, 1))
             print(ch.line(), flush=True)

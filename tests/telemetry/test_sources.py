@@ -184,3 +184,34 @@ def test_make_source_errors(spec: str, error: type[Exception], match: str) -> No
     with pytest.raises(error, match=match):
         make_source(spec, "a")
     assert issubclass(error, ValueError)
+
+
+H100 = Path(__file__).resolve().parents[1] / "data" / "h100_live" / "nvml_recording.jsonl"
+
+
+def test_h100_recording_replays_every_field_of_a_real_gpu() -> None:
+    """A real NVML recording (bench/gpu_validate.py on an H100): 2 s idle, a 20 s CUDA training
+    job, 2 s idle. Replayed second by second, every field NVML gave is there, with the job's
+    process on the GPU while it trains and the idle clock-event reason around it."""
+    clock = Clock(0.0)
+    src = RecordedDeviceSource(H100, "vm", clock=clock.__call__, loop=False)
+    (ident,) = src.devices()
+    assert ident.model == "NVIDIA H100 80GB HBM3" and ident.uuid.startswith("GPU-")
+    seen = []
+    for t in range(33):
+        clock.t = float(t)
+        seen.append(src.sample(ident.uuid))
+    first = seen[0]
+    assert first.gpu_util == 0.0 and first.throttle_reasons == ("gpu_idle",)
+    assert not first.processes
+    assert first.mem_total_bytes == 85_520_809_984 and first.power_limit_w == 700.0
+    assert (first.pcie_gen, first.pcie_gen_max, first.pcie_width) == (5, 5, 16)
+    busy = [s for s in seen if s.gpu_util == 1.0]
+    assert len(busy) >= 15  # the job's steady training
+    for s in busy:
+        (proc,) = s.processes
+        assert proc.used_bytes is not None and proc.used_bytes > 2**30
+        assert s.sm_clock_mhz == s.sm_clock_max_mhz == 1980.0  # boost, not throttled
+        assert s.power_w is not None and s.power_w > 300.0
+        assert s.throttle_reasons == ()
+    assert seen[-1].gpu_util == 0.0 and not seen[-1].processes  # the job ended

@@ -1,0 +1,78 @@
+"""``bench/gpu_validate.py --dry-run``: the GPU validation's whole plan on the CPU, with the
+recorded NVML source, so that the script a GPU machine runs is known to work before one is lent.
+
+On the CPU the device-clock checks report figures only (there is no device timeline to check);
+the verdicts, the memory budget and the recordings are checked as on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLAN = {
+    "nvml": ("fields", "sample_cost", "recording"),
+    "phases": ("h2d", "forward", "backward", "optimizer", "add_up", "no_sync", "probe_cost"),
+    "verdict": ("starved", "forward_straggler", "balanced", "shared_gpu"),
+    "memory": ("fixed_part", "activations", "headroom_fits"),
+    "sampling": ("cost",),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_dry_run_runs_every_check_of_the_plan(tmp_path: Path) -> None:
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_validate.py"), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    doc = json.loads((tmp_path / "gpu_validate_dry_run.json").read_text())
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert list(checks) == [f"{g}.{n}" for g, names in PLAN.items() for n in names], proc.stderr
+    for c in checks.values():
+        assert isinstance(c["holds"], bool) and c["figure"]
+        assert ("holds" if c["holds"] else "falls short") in proc.stdout
+    # What a CPU can prove as a GPU would: the verdicts with exact ranks, the exact budget.
+    for name in ("verdict.starved", "verdict.forward_straggler", "verdict.balanced"):
+        assert checks[name]["holds"], checks[name]["figure"]
+    assert checks["memory.fixed_part"]["holds"], checks["memory.fixed_part"]["figure"]
+    assert doc["dry_run"] is True and doc["device"]["cuda"] is False
+    held = all(c["holds"] for c in checks.values())
+    assert proc.returncode == (0 if held else 1)
+    assert (
+        proc.stdout.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"gpu_validate: {sum(c['holds'] for c in checks.values())}/{len(checks)} checks hold"
+        )
+    )
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(_cuda(), reason="a CUDA GPU is here: the script would run the real plan")
+def test_without_a_gpu_and_without_dry_run_it_says_so() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_validate.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "no CUDA GPU here" in proc.stderr and "--dry-run" in proc.stderr
