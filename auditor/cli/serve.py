@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Mapping, Sequence
 
 from auditor.configs import ServeConfig
@@ -18,6 +19,10 @@ from .options import (
     resolve,
     url,
 )
+from .usage import UsageError
+
+# What the [serve] extra installs: a training environment has neither (pyproject.toml).
+SERVE_EXTRA = ("orjson", "numpy")
 
 SERVE_OPTIONS: tuple[Option, ...] = (
     Option(
@@ -65,6 +70,24 @@ SERVE_OPTIONS: tuple[Option, ...] = (
 )
 
 
+def require_serve_extra() -> None:
+    """A one-line error, not an ImportError's traceback, where the [serve] extra is missing.
+
+    Checked before the options are read: --prometheus-url is checked by the query client, which
+    imports them."""
+    missing: list[str] = []
+    for name in SERVE_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise UsageError(
+            f"auditor serve needs {' and '.join(missing)}, which this environment lacks: "
+            "pip install gpu-balance-auditor[serve]"
+        )
+
+
 def serve_config(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     values = resolve(ns, SERVE_OPTIONS, env)
     return ServeConfig(overrides=parse_overrides(values.get("set")), **values)
@@ -84,6 +107,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
     if ns.cmd != "serve":
         return None
+    require_serve_extra()
     from auditor.service.commands import serve
 
     return serve(serve_config(ns, env))

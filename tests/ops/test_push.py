@@ -3,9 +3,13 @@ GET /api/health, GET /api/folders, POST /api/folders, POST /api/dashboards/db.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,9 +44,18 @@ class FakeGrafana:
     dashboard_status: int = 200
     echo_token_in_error: bool = False
     versions: dict[str, int] = field(default_factory=dict)
+    # Failures of what stands at the URL rather than of Grafana's API: every request is answered
+    # with a redirect to redirect_to, or with a web page, or after stall_s seconds.
+    redirect_to: str | None = None
+    html: bool = False
+    stall_s: float = 0.0
 
     def handle(self, method: str, path: str, auth: str | None, body: Any) -> tuple[int, Any]:
         self.requests.append(Request(method, path, auth, body))
+        if self.redirect_to:
+            return 302, {}
+        if self.html:
+            return 200, b"<html><body>Welcome to nginx!</body></html>"
         if method == "GET" and path == "/api/health":
             return 200, {"commit": "abc", "database": "ok", "version": "11.2.0"}
         if auth != f"Bearer {self.token}":
@@ -76,9 +89,9 @@ class FakeGrafana:
         return [q.body for q in self.requests if q.path == "/api/dashboards/db"]
 
 
-@pytest.fixture
-def grafana() -> Iterator[tuple[FakeGrafana, str]]:
-    fake = FakeGrafana()
+@contextlib.contextmanager
+def serving(fake: FakeGrafana) -> Iterator[str]:
+    """``fake`` behind a real HTTP server on 127.0.0.1; yields its base URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
@@ -88,12 +101,19 @@ def grafana() -> Iterator[tuple[FakeGrafana, str]]:
             status, answer = fake.handle(
                 self.command, self.path, self.headers.get("Authorization"), body
             )
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            time.sleep(fake.stall_s)
+            data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+            try:
+                self.send_response(status)
+                kind = "text/html" if isinstance(answer, bytes) else "application/json"
+                self.send_header("Content-Type", kind)
+                if fake.redirect_to:
+                    self.send_header("Location", fake.redirect_to + self.path)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped waiting (stall_s): what it says is the test's subject
 
         do_GET = _serve
         do_POST = _serve
@@ -105,11 +125,18 @@ def grafana() -> Iterator[tuple[FakeGrafana, str]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield fake, f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def grafana() -> Iterator[tuple[FakeGrafana, str]]:
+    fake = FakeGrafana()
+    with serving(fake) as url:
+        yield fake, url
 
 
 @pytest.fixture(autouse=True)
@@ -320,3 +347,92 @@ def test_only_the_token_file_is_an_option() -> None:
         "AUDITOR_GRAFANA_FOLDER",
         "AUDITOR_GRAFANA_TOKEN_FILE",
     }
+
+
+def test_a_redirect_is_reported_not_followed(grafana: tuple[FakeGrafana, str]) -> None:
+    """urllib would send the token on to the host a redirect names: it is not followed."""
+    fake, url = grafana
+    elsewhere = FakeGrafana()
+    with serving(elsewhere) as other:
+        fake.redirect_to = other
+        with pytest.raises(PushError) as caught:
+            push(url, TOKEN, [d.to_dict() for d in dashboards()])
+    assert "redirected (302)" in str(caught.value) and other in str(caught.value)
+    assert "--grafana-url" in str(caught.value)
+    assert not elsewhere.requests and len(fake.requests) == 1
+
+
+def test_a_web_page_at_the_url_is_not_grafana(grafana: tuple[FakeGrafana, str]) -> None:
+    fake, url = grafana
+    fake.html = True
+    with pytest.raises(PushError, match=r"not JSON while trying to check its health.*Grafana's"):
+        push(url, TOKEN, [])
+
+
+def test_a_wrong_sub_path_says_so(grafana: tuple[FakeGrafana, str]) -> None:
+    _, url = grafana
+    with pytest.raises(PushError) as caught:
+        push(url + "/grafana", TOKEN, [])
+    assert "404" in str(caught.value) and "Not found" in str(caught.value)
+    assert "sub-path" in str(caught.value)
+
+
+def test_a_grafana_that_does_not_answer_in_time(grafana: tuple[FakeGrafana, str]) -> None:
+    fake, url = grafana
+    fake.stall_s = 1.0
+    with pytest.raises(PushError, match=r"did not answer within 0\.2 s .* check its health"):
+        push(url, TOKEN, [], timeout=0.2)
+
+
+def test_a_server_that_does_not_speak_http() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        def banner() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+        thread = threading.Thread(target=banner, daemon=True)
+        thread.start()
+        with pytest.raises(PushError, match=r"sent no HTTP answer .* is the URL Grafana's"):
+            push(f"http://127.0.0.1:{port}", TOKEN, [])
+        thread.join(timeout=5)
+
+
+def test_a_host_that_does_not_resolve() -> None:
+    # .invalid never resolves (RFC 2606).
+    with pytest.raises(PushError, match=r"cannot reach Grafana at http://grafana\.invalid"):
+        push("http://grafana.invalid:3000", TOKEN, [], timeout=5)
+
+
+@pytest.mark.parametrize("token", [TOKEN + "\nsecond-line", "glsa_ünicode", "two words"])
+def test_a_token_that_cannot_go_in_a_header(
+    token: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """http.client would refuse it with an error that quotes the whole value."""
+    with pytest.raises(PushError, match="a token is one word") as caught:
+        push("http://127.0.0.1:1", token, [])
+    assert token not in str(caught.value)
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n", encoding="utf-8")
+    argv = ["dashboards", "push", "--grafana-url", "http://127.0.0.1:1"]
+    assert main([*argv, "--grafana-token-file", str(token_file)]) == 2
+    err = capsys.readouterr().err
+    assert "a token is one word" in err and token not in err and TOKEN not in err
+
+
+def test_push_needs_no_http_client_package() -> None:
+    """The auditor lives in users' training environments: pushing dashboards must not need a
+    package that replaces their urllib3 (grafana-client brought urllib3-future)."""
+    code = (
+        "import sys, auditor.ops.push, auditor.cli\n"
+        "roots = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(roots & {'grafana_client', 'niquests', 'urllib3', 'requests', 'httpx'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]"

@@ -126,6 +126,22 @@ def test_once_from_the_shell_prints_nothing_else() -> None:
     assert one_error_line(proc.stderr).startswith(f"{url} unreachable: ")
 
 
+@pytest.mark.parametrize("absent", [("orjson",), ("orjson", "numpy")])
+def test_without_the_serve_extra_one_line_names_it(
+    absent: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A training environment has neither orjson nor numpy (the [serve] extra): serve says
+    what to install instead of an ImportError's traceback."""
+    for name in absent:
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    assert main(["serve", "--once", "--prometheus-url", closed_url()]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    line = one_error_line(err)
+    assert line.endswith("pip install gpu-balance-auditor[serve]")
+    assert " and ".join(absent) in line
+
+
 def test_prometheus_url_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
