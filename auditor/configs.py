@@ -40,7 +40,11 @@ class RunConfig:
     set: str | None = None
     no_ray: bool = False
     quiet: bool = False
-    json: bool = False
+    # Where the verdict JSON goes: a file, "-" (stdout, the job's stdout then goes to stderr),
+    # or None (no JSON verdict).
+    json: str | None = None
+    # "warning" or "critical": exit 3 when the job succeeded and the verdict has such a finding.
+    fail_on: str | None = None
     overrides: Overrides = field(default_factory=dict)
 
     @property
@@ -115,6 +119,7 @@ class AnalysisConfig:
     window: float | None = None
     set: str | None = None
     json: bool = False
+    fail_on: str | None = None
     overrides: Overrides = field(default_factory=dict)
 
 

@@ -1,9 +1,10 @@
 """``auditor doctor``: what this machine offers the auditor, in plain words.
 
 Checks, each cheap and without side effects: NVML (bindings, library, driver, GPUs with model,
-UUID and memory), Ray (installed version; whether ``RAY_ADDRESS`` or the latest local cluster
-answers on its GCS port; never starts or joins a cluster), the auditor metrics endpoints given
-(HTTP GET), and Prometheus when a URL is configured (``GET /-/ready``).
+UUID and memory), Ray (installed version; the cluster ``auditor run`` would join, decided by the
+function ``run`` calls, and whether it answers on its GCS port; never starts or joins a
+cluster), the auditor metrics endpoints given (HTTP GET), and Prometheus when a URL is
+configured (``GET /-/ready``).
 
 A machine without a GPU is a normal answer, not an error: the report says so and the exit
 status is 0. Exit status 1 only when the report itself could not be made.
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from auditor import __version__
+from auditor.cluster.address import AddressError, host_port, resolve_cluster, tcp_reachable
 from auditor.configs import DoctorConfig
 from auditor.telemetry.nvml import Nvml, NvmlSource, NvmlUnavailableError
 
@@ -99,38 +101,11 @@ def check_nvml(nvml: Nvml | None = None) -> tuple[dict[str, Any], list[dict[str,
 # -- Ray ----------------------------------------------------------------------------------------
 
 
-def _ray_temp_dir(environ: Mapping[str, str]) -> str:
-    # Ray's own rule (ray._common.utils.get_default_system_temp_dir) on Linux.
-    base = environ.get("RAY_TMPDIR") or environ.get("TMPDIR") or "/tmp"
-    return os.path.join(base, "ray")
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    text = address.strip()
-    if "://" not in text:
-        text = "tcp://" + text
-    parsed = urllib.parse.urlsplit(text)
-    try:
-        port = parsed.port
-    except ValueError:
-        return None
-    if not parsed.hostname or port is None:
-        return None
-    return parsed.hostname, port
-
-
-def _tcp_reachable(host: str, port: int, timeout_s: float) -> tuple[bool, str]:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True, f"{host}:{port} accepts connections"
-    except OSError as exc:
-        return False, f"{host}:{port} does not answer ({exc.strerror or exc})"
-
-
 def check_ray(
     environ: Mapping[str, str] | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> dict[str, Any]:
-    """Ray's version and whether a cluster address answers; never starts or joins Ray."""
+    """Ray's version, the cluster ``auditor run`` would join (:func:`resolve_cluster`, as the
+    run decides it) and whether it answers; never starts or joins Ray."""
     env = os.environ if environ is None else environ
     version = _dist_version("ray")
     out: dict[str, Any] = {
@@ -145,32 +120,27 @@ def check_ray(
     if version is None:
         out["detail"] = "Ray is not installed (pip install 'ray>=2.40')"
         return out
-    env_addr = (env.get("RAY_ADDRESS") or "").strip()
-    if env_addr == "local":
-        out["detail"] = "RAY_ADDRESS=local: auditor run starts a new local Ray"
+    try:
+        cluster = resolve_cluster(None, env)
+    except AddressError as exc:
+        out["detail"] = f"{exc}: auditor run refuses to start"
         return out
-    if env_addr and env_addr != "auto":
-        out["address"], out["address_from"] = env_addr, "RAY_ADDRESS"
-    else:
-        current = os.path.join(_ray_temp_dir(env), "ray_current_cluster")
-        try:
-            with open(current, encoding="utf-8") as f:
-                found = f.read().strip()
-        except OSError:
-            found = ""
-        if found:
-            out["address"], out["address_from"] = found, current
-    if out["address"] is None:
+    if cluster is None:
         out["detail"] = (
-            "no cluster address (RAY_ADDRESS unset, no local cluster started with 'ray start'): "
-            "auditor run starts an embedded Ray"
+            "RAY_ADDRESS=local: auditor run starts a new local Ray"
+            if (env.get("RAY_ADDRESS") or "").strip() == "local"
+            else "no cluster address (RAY_ADDRESS unset, no local cluster started with "
+            "'ray start'): auditor run starts an embedded Ray"
         )
         return out
-    hp = _host_port(out["address"])
+    out["address"], out["address_from"] = cluster.address, cluster.source
+    hp = host_port(cluster.address)
     if hp is None:
-        out["detail"] = f"cannot tell host and port from address {out['address']!r}"
+        out["detail"] = f"cannot tell host and port from address {cluster.address!r}"
         return out
-    out["reachable"], out["detail"] = _tcp_reachable(hp[0], hp[1], timeout_s)
+    out["reachable"], out["detail"] = tcp_reachable(hp[0], hp[1], timeout_s)
+    if not out["reachable"]:
+        out["detail"] += ": auditor run refuses to start until it answers"
     return out
 
 

@@ -21,8 +21,9 @@ from types import FrameType
 from typing import Any, TextIO
 
 from auditor.audit import Audit
+from auditor.cluster.address import AddressError, RayCluster, resolve_cluster
 from auditor.cluster.fleet import primary_address, remove_sd_file, sd_target, write_sd_file
-from auditor.cluster.jobview import JobViewClient, job_key, label_batch
+from auditor.cluster.jobview import JobViewClient, NodeClashError, job_key, label_batch, member_name
 from auditor.cluster.launcher import (
     Child,
     LaunchError,
@@ -31,20 +32,26 @@ from auditor.cluster.launcher import (
     exit_code_of,
     reap_descendants,
 )
-from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_address, start_agent
+from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_cluster, start_agent
 from auditor.configs import RunConfig
 from auditor.liveview import LiveView, open_view
 from auditor.metrics.endpoint import RunEndpoint
+from auditor.probe.importhook import ENV_ERRORS as ENV_PROBE_ERRORS
+from auditor.report.exit_status import exit_status
 from auditor.report.json_report import write_report
 from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import RecordingWriter
+from auditor.torchrun import node_rank
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe", "boot")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def probe_env(base: Mapping[str, str], *, sink: str, job: str) -> dict[str, str]:
-    """The child's environment: the caller's, plus the probe's boot folder first on PYTHONPATH."""
+def probe_env(
+    base: Mapping[str, str], *, sink: str, job: str, errors: str | None = None
+) -> dict[str, str]:
+    """The child's environment: the caller's, plus the probe's boot folder first on PYTHONPATH,
+    and the file where a rank whose probe cannot attach says why (:class:`_ProbeErrors`)."""
     env = dict(base)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = BOOT_DIR + (os.pathsep + path if path else "")
@@ -52,7 +59,59 @@ def probe_env(base: Mapping[str, str], *, sink: str, job: str) -> dict[str, str]
     env["AUDITOR_SINK"] = sink
     env["AUDITOR_JOB"] = job
     env["AUDITOR_PROBE_ROOT"] = PACKAGE_ROOT
+    if errors:
+        env[ENV_PROBE_ERRORS] = errors
     return env
+
+
+class _ProbeErrors:
+    """Why the probe did not attach in some process: the JSON lines such processes append to
+    the run's file (``AUDITOR_PROBE_ERRORS``; a probe that failed may never reach the agent).
+    Read as the run goes, for the live view, and once more at the end, for the report."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self.seen: dict[tuple[str, str], None] = {}  # (who, reason), in the order they came
+
+    def poll(self) -> list[str]:
+        """The new failures since the last poll, one line each."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
+        self._offset += end
+        new = []
+        for raw in data[:end].splitlines():
+            try:
+                entry = json.loads(raw)
+                key = (str(entry["who"]), str(entry["reason"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if key not in self.seen:
+                self.seen[key] = None
+                new.append(f"{key[0]}: probe not attached: {key[1]}")
+        return new
+
+    def notes(self) -> list[str]:
+        """One note per reason, naming every process it stopped (ranks first)."""
+        by_reason: dict[str, list[str]] = {}
+        for who, reason in self.seen:
+            by_reason.setdefault(reason, []).append(who)
+        return [
+            f"probe not attached in {', '.join(sorted(whos, key=_ranks_first))}: {reason}"
+            for reason, whos in by_reason.items()
+        ]
+
+
+def _ranks_first(who: str) -> tuple[int, int, str]:
+    head, _, tail = who.partition(" ")
+    if head == "rank" and tail.isdigit():
+        return (0, int(tail), "")
+    return (1, 0, who)
 
 
 class _Signals:
@@ -86,22 +145,69 @@ class _Signals:
 
 
 def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | None = None) -> int:
-    """Run the job under the auditor; returns the job's exit code."""
+    """Run the job under the auditor; returns the job's exit code (or 3, ``--fail-on``)."""
     out = out or sys.stderr
     check_command(cfg.command)  # raises LaunchError before anything starts
-    if not cfg.no_ray:
-        check_address(cfg.address)
+    json_fd = _stdout_for_json() if cfg.json == "-" else None
+    try:
+        return _run(cfg, out, env, json_fd)
+    finally:
+        if json_fd is not None:
+            _restore_stdout(json_fd)
+
+
+def _stdout_for_json() -> int:
+    """``--json -``: keep this process's stdout for the verdict JSON alone. Its descriptor is
+    set aside and fd 1 becomes stderr, so the job (which inherits fd 1), Ray and anything else
+    that prints go to stderr. Returns the set-aside descriptor."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    return saved
+
+
+def _restore_stdout(saved: int) -> None:
+    sys.stdout.flush()
+    os.dup2(saved, 1)
+    os.close(saved)
+
+
+def _write_json(dest: str, text: str, json_fd: int | None, out: TextIO) -> None:
+    """The verdict JSON to ``--json``'s file, or to the stdout :func:`_stdout_for_json` kept."""
+    if json_fd is None:
+        try:
+            with open(dest, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            print(f"auditor: could not write the JSON verdict to {dest}: {exc}", file=out)
+        return
+    data = (text + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(json_fd, data) :]
+    except BrokenPipeError:
+        pass  # the reader went away (``| head``): nothing more to say
+
+
+def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: int | None) -> int:
     job = cfg.job_name
     base_env = env if env is not None else os.environ
+    # The Ray this run joins (None: an embedded one), decided as ``doctor`` decides it; a
+    # named cluster that does not answer is refused here, before the job starts.
+    cluster = None if cfg.no_ray else _cluster_to_join(cfg.address, base_env)
     # The node's name, where its hostname does not tell nodes apart (two Ray nodes on one
     # machine, or clones with one hostname): the Ray node (auditor_node:<name> resource or Ray
     # node name) the agent runs on, and the label of this node's ranks.
     node_label = base_env.get("AUDITOR_NODE") or None
-    key = job_key(cfg.job, cfg.command, base_env) if cfg.address and not cfg.no_ray else None
+    key = job_key(cfg.job, cfg.command, base_env) if cluster is not None else None
+    # Runs of one job tell their nodes apart by torchrun's node rank too (two torchrun agents
+    # of one job on one host share the hostname), unless the user named the node.
+    group = None if node_label or key is None else node_rank(cfg.command, base_env)
     # The run's endpoint is bound first: a port that is taken is refused before the job starts.
     endpoint = _open_endpoint(cfg, job, node_label)
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
+    probe_errors = _ProbeErrors(os.path.join(rundir, "probe-errors.jsonl"))
     become_subreaper()
     # On a terminal the live panel stays under the job's output, relayed through a pty.
     view = open_view(
@@ -116,7 +222,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     out = view.out
     child = Child(
         cfg.command,
-        probe_env(base_env, sink=sink, job=job),
+        probe_env(base_env, sink=sink, job=job, errors=probe_errors.path),
         output=view.child_fd,
     )
     signals = _Signals(child)
@@ -136,6 +242,7 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         on_add=recorder.write if recorder else None,
     )
     link = _Link(audit, notes, out)
+    link.probe_errors = probe_errors
     try:
         child.start()
         view.child_started()
@@ -143,12 +250,12 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
         view.stage(
             "starting the node agent"
             if cfg.no_ray
-            else (f"joining Ray at {cfg.address}" if cfg.address else "starting Ray")
+            else (f"joining Ray at {cluster.address}" if cluster else "starting Ray")
         )
         try:
             agent, note = start_agent(
                 use_ray=not cfg.no_ray,
-                address=cfg.address,
+                address=cluster.init_address if cluster else None,
                 device_source=cfg.device_source,
                 # The embedded Ray's sessions live in this run's folder and go with it.
                 temp_dir=cfg.ray_temp_dir or os.path.join(rundir, "ray"),
@@ -159,13 +266,28 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             if note:
                 notes.append(note)
                 print(f"auditor: {note}", file=out)
+            if cluster is not None:
+                print(
+                    f"auditor: node agent on the Ray cluster at {cluster.address} "
+                    f"(from {cluster.source})",
+                    file=out,
+                )
         except SystemExit:
             # ray.init replaces the SIGTERM handler with sys.exit: a SIGTERM during its start-up
             # arrives here. Treat it as the signal it was: forward it and carry on to the report.
             signals.forward(signal.SIGTERM)
         except Exception as exc:
-            # The job keeps running either way. An agent in this process still takes the
-            # ranks' samples (and lets them flush at exit without waiting for one).
+            if cluster is not None:
+                # A cluster was named: an agent in this process would audit a job its user
+                # believes is on that cluster. The job (only just started) is stopped on the way
+                # out, and the run exits 1.
+                raise LaunchError(
+                    f"could not join the Ray cluster at {cluster.address} (from "
+                    f"{cluster.source}): {type(exc).__name__}: {exc}; the job was stopped",
+                    JOIN_FAILED_EXIT,
+                ) from None
+            # The embedded Ray could not start: the job keeps running. An agent in this process
+            # still takes the ranks' samples (and lets them flush at exit without waiting).
             note = f"node agent on Ray failed ({type(exc).__name__}: {exc}); it ran in-process"
             try:
                 agent = InProcessAgent(
@@ -188,13 +310,19 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             if cfg.sd_file:
                 _list_endpoint(cfg.sd_file, cfg.metrics_host, endpoint, job, notes, out)
         if agent is not None:
-            link.start(agent, key, node_label)
+            link.start(agent, key, node_label, group)
         _live_loop(cfg, child, link, out, view)
         code = child.wait()
         if signals.interrupted and code is None:
             code = child.stop(cfg.grace)
         _final_drain(link)
     except LaunchError:
+        # The command could not start: nothing ran, nothing is left behind.
+        if recorder is not None:
+            recorder.close()
+        if endpoint is not None:
+            endpoint.close()
+        shutil.rmtree(rundir, ignore_errors=True)
         raise
     finally:
         if cfg.sd_file:
@@ -214,6 +342,8 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
     if final_code is not None and child.proc is not None:
         audit.set_exit_status(child.pid, exit_code)  # the rank was the command itself
     duration = time.time() - started
+    link.say_probe_errors()
+    notes.extend(probe_errors.notes())
     if not audit.store.ranks:
         notes.append(
             "no training step was measured (the job ended early or the probe did not attach)"
@@ -244,11 +374,27 @@ def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | N
             endpoint.close()
         reap_descendants()
         shutil.rmtree(rundir, ignore_errors=True)
+    print(render_verdict(report), file=out, flush=True)
     if cfg.json:
-        print(json.dumps(report.to_dict(), indent=2), flush=True)
-    else:
-        print(render_verdict(report), file=out, flush=True)
-    return exit_code
+        _write_json(cfg.json, json.dumps(report.to_dict(), indent=2), json_fd, out)
+    # A job that failed keeps its own code; a job that succeeded fails on its verdict.
+    return exit_status(exit_code, report, cfg.fail_on)
+
+
+# ``auditor run``'s exit status when the cluster it was told to join could not be joined.
+JOIN_FAILED_EXIT = 1
+
+
+def _cluster_to_join(flag: str | None, env: Mapping[str, str]) -> RayCluster | None:
+    """The cluster named by ``--address``, ``RAY_ADDRESS`` or ``ray start``'s record, checked to
+    answer; None for an embedded Ray. Raises :class:`LaunchError` before anything starts."""
+    try:
+        cluster = resolve_cluster(flag, env)
+    except AddressError as exc:
+        raise LaunchError(str(exc)) from None
+    if cluster is not None:
+        check_cluster(cluster)
+    return cluster
 
 
 def _yield_to_the_job(niceness: int, notes: list[str]) -> None:
@@ -312,13 +458,25 @@ class _Link:
         self.node: str | None = None
         self.judged = 0.0  # monotonic time of the last verdict
         self._view_failed = False
+        self.probe_errors: _ProbeErrors | None = None
 
-    def start(self, agent: AgentHandle, key: str | None, node: str | None) -> None:
+    def say_probe_errors(self) -> None:
+        """Each process whose probe did not attach, as soon as it says so (one line each)."""
+        if self.probe_errors is not None:
+            for line in self.probe_errors.poll():
+                print(f"auditor: {line}", file=self.out)
+
+    def start(
+        self, agent: AgentHandle, key: str | None, node: str | None, group: int | None = None
+    ) -> None:
+        """``group``: torchrun's node rank of this run, part of its name in the job view."""
         self.agent = agent
         ray_node_id = getattr(agent, "ray_node_id", None)
         if key is None or ray_node_id is None:
             return  # one node (or no Ray): nothing to join
-        self.node = str(agent.address().get("node") or node or socket.gethostname())
+        self.node = member_name(
+            str(agent.address().get("node") or node or socket.gethostname()), group
+        )
         try:
             self.view = JobViewClient(key, self.node, ray_node_id=str(ray_node_id))
             print(f"auditor: node {self.node} joins the job view {self.view.name}", file=self.out)
@@ -329,7 +487,11 @@ class _Link:
         self.view = None
         if not self._view_failed:
             self._view_failed = True
-            note = f"job view unreachable ({type(exc).__name__}: {exc}): this node judged alone"
+            note = (
+                f"{exc}: this node judged alone"
+                if isinstance(exc, NodeClashError)
+                else f"job view unreachable ({type(exc).__name__}: {exc}): this node judged alone"
+            )
             self.notes.append(note)
             print(f"auditor: {note}", file=self.out)
 
@@ -379,6 +541,7 @@ def _live_loop(
     interval = cfg.live_interval if cfg.live_interval > 0 else 1.0
     audit = link.audit
     while child.wait(interval if link.view is None else min(interval, EXCHANGE_S)) is None:
+        link.say_probe_errors()
         if link.agent is None:
             continue
         try:

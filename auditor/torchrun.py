@@ -1,13 +1,13 @@
 """What a launch command says about the job it starts: torchrun's own options, parsed once.
 
-Used by the job view (a multi-node job's rendezvous, which names it) and the live view (how many
-ranks to wait for). Pure: a command line in, options out.
+Used by the job view (a multi-node job's rendezvous, which names it, and each node's rank in it)
+and the live view (how many ranks to wait for). Pure: a command line in, options out.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
@@ -62,3 +62,21 @@ def expected_ranks(command: Sequence[str]) -> int | None:
     except ValueError:
         return None
     return per_node * nodes
+
+
+# Where a node's place in a job spanning nodes is read when torchrun's command line does not
+# say it (``--node_rank``): torchrun's own environment twin; GROUP_RANK, what torchrun hands
+# its workers (an auditor run inside a process an outer torchrun started); the launchers'
+# equivalents (Lightning's and accelerate's NODE_RANK, SLURM's node index).
+NODE_RANK_ENV = ("PET_NODE_RANK", "GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+
+
+def node_rank(command: Sequence[str], env: Mapping[str, str]) -> int | None:
+    """This node's rank among the job's nodes, where the launch says it: torchrun's
+    ``--node_rank`` (``--node-rank``), else the first of :data:`NODE_RANK_ENV` set. None when
+    nothing says (torchrun's dynamic rendezvous assigns it only once every node has come)."""
+    opts = torchrun_args(command) or {}
+    for raw in (opts.get("node_rank"), *(env.get(name) for name in NODE_RANK_ENV)):
+        if raw is not None and raw.strip().isdigit():
+            return int(raw)
+    return None

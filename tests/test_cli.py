@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -15,7 +16,7 @@ from auditor.cli import build_parser, main
 from auditor.cli.dashboards import PUSH_OPTIONS, RENDER_OPTIONS, push_config, render_config
 from auditor.cli.doctor import DOCTOR_OPTIONS, doctor_config
 from auditor.cli.fleet import FLEET_OPTIONS, fleet_config
-from auditor.cli.options import Option, device_source
+from auditor.cli.options import Option, device_source, resolve
 from auditor.cli.replay import REPLAY_OPTIONS, replay_config
 from auditor.cli.reports import (
     ANALYZE_OPTIONS,
@@ -27,6 +28,7 @@ from auditor.cli.reports import (
 )
 from auditor.cli.run import RUN_OPTIONS, run_config
 from auditor.cli.serve import SERVE_OPTIONS, serve_config
+from auditor.configs import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -35,7 +37,6 @@ from auditor.cli.serve import SERVE_OPTIONS, serve_config
         (["run"], "nothing to run"),
         (["run", "--"], "nothing to run"),
         (["run", "--", "torchrun", "--nproc_per_node=2", "missing_script.py"], "script not found"),
-        (["run", "--", "no-such-launcher-xyz", "train.py"], "command not found"),
         (["frobnicate"], "invalid choice"),
         ([], "missing command"),
         (["run", "--metrics-port", "99999", "--", "true"], "--metrics-port"),
@@ -131,6 +132,8 @@ def _value_for(opt: Option, tmp_path: Path) -> str:
         "non_negative": "2.5",
         "finite_positive": "2.5",
         "url": "http://h:1",
+        "severity": "critical",
+        "json_destination": "-",
     }
     name = getattr(opt.type, "__name__", "")
     assert name in samples, f"{opt.flag}: no sample value for option type {name}"
@@ -200,3 +203,96 @@ def test_probe_path_prints_the_boot_folder(capsys: pytest.CaptureFixture[str]) -
     assert main(["probe-path"]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert (path / "sitecustomize.py").is_file()
+
+
+# --- commands that cannot run exit as a shell would: 127 not found, 126 not executable ----------
+
+
+def _run_cli(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``auditor run`` as users start it, its temp files in ``tmp_path`` (to see what is left)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, "-m", "auditor", "run", "--no-ray", "--quiet", "--", *argv],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def _executable(path: Path, text: str, mode: int = 0o755) -> str:
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "message"),
+    [
+        (lambda d: "no-such-launcher-xyz", 127, "command not found: no-such-launcher-xyz"),
+        (lambda d: str(d / "missing.sh"), 127, "command not found"),
+        (lambda d: _executable(d / "x.sh", "#!/bin/sh\n", 0o644), 126, "not executable"),
+        (lambda d: str(d), 126, "is a directory"),
+        # Found and executable, yet the kernel refuses it (no #! line): the start itself fails.
+        (lambda d: _executable(d / "noshebang", "echo hi\n"), 126, "cannot start"),
+    ],
+    ids=["not-on-path", "missing-path", "no-x-bit", "directory", "exec-format"],
+)
+def test_a_command_that_cannot_run_exits_as_a_shell_would(
+    make: Callable[[Path], str], code: int, message: str, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _run_cli([make(work)], tmp_path)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("auditor: error: ") and message in proc.stderr
+    assert proc.stdout == ""
+    # Nothing left behind: no run folder (it holds the rank socket), no process.
+    assert [p.name for p in tmp_path.iterdir()] == ["work"]
+
+
+def test_set_given_twice_applies_both() -> None:
+    ns = build_parser().parse_args(
+        ["run", "--set", "data_starvation.min_wait_ratio=0.3", "--set", "batch_split.min_ratio=1.3"]
+    )
+    cfg = run_config(ns, ["true"], {})
+    assert cfg.overrides == {
+        "data_starvation": {"min_wait_ratio": 0.3},
+        "batch_split": {"min_ratio": 1.3},
+    }
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_help_shows_every_default_and_twin(path: tuple[str, ...]) -> None:
+    parser = dict(_commands(build_parser()))[path]
+    table, _ = TWINS[path]
+    helps = {a.option_strings[0]: a.help or "" for a in _options(parser)}
+    for opt in table:
+        assert helps[opt.flag].endswith(f"; env {opt.env})"), helps[opt.flag]
+        assert "(default: " in helps[opt.flag], helps[opt.flag]
+        if opt.default is not None and not opt.is_flag:
+            assert f"(default: {opt.default}; env {opt.env})" in helps[opt.flag]
+    # What the user reads, wrapped by argparse: every twin is named.
+    text = parser.format_help()
+    assert all(opt.env in text for opt in table)
+
+
+def test_json_takes_a_destination(monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = build_parser().parse_args(["run", "--json", "-"])
+    assert run_config(ns, ["true"], {}).json == "-"
+    ns = build_parser().parse_args(["run", "--json", "verdict.json"])
+    assert run_config(ns, ["true"], {}).json == "verdict.json"
+    # AUDITOR_JSON=1, as set for ``auditor analyze --json``, still means stdout, never a file.
+    ns = build_parser().parse_args(["run"])
+    assert run_config(ns, ["true"], {"AUDITOR_JSON": "1"}).json == "-"
+    assert run_config(ns, ["true"], {"AUDITOR_JSON": "0"}).json is None
+
+
+def test_fail_on_takes_a_severity() -> None:
+    ns = build_parser().parse_args(["run", "--fail-on", "Critical"])
+    assert run_config(ns, ["true"], {}).fail_on == "critical"
+    ns = build_parser().parse_args(["run", "--fail-on", "info"])
+    with pytest.raises(ConfigError, match="--fail-on: expected warning or critical"):
+        run_config(ns, ["true"], {})
+    assert (
+        resolve(build_parser().parse_args(["analyze", "r"]), ANALYZE_OPTIONS, {}).get("fail_on")
+        is None
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +27,34 @@ class Option:
     type: Callable[[str], Any] = str
     default: Any = None
     is_flag: bool = False
+    # Given more than once on the command line, every value applies (joined with commas, as
+    # the environment twin writes several); otherwise the last one would silently win.
+    repeat: bool = False
 
     @property
     def env(self) -> str:
         return "AUDITOR_" + self.dest.upper()
+
+    def help_line(self) -> str:
+        """The help text, ending with the default and the twin: "... (default: 10.0; env
+        AUDITOR_WINDOW)". A default spelled out in the text ("(default: script name)") is moved
+        there, so every option of every command ends the same way."""
+        text, shown = self.help, _shown_default(self)
+        spelled = _SPELLED_DEFAULT.search(text)
+        if spelled:
+            text, shown = text[: spelled.start()], spelled.group(1)
+        # argparse %-formats help strings: a literal % must be doubled.
+        return f"{text} (default: {shown}; env {self.env})".replace("%", "%%")
+
+
+# A default the help text spells out in words, at its end: "... (default: the whole run)".
+_SPELLED_DEFAULT = re.compile(r"\s*\(default: (.*)\)$")
+
+
+def _shown_default(opt: Option) -> str:
+    if opt.is_flag:
+        return "on" if opt.default else "off"
+    return "none" if opt.default is None else str(opt.default)
 
 
 # --- value types: each takes the text and returns the value, or raises ValueError --------------
@@ -99,6 +124,30 @@ def device_source(text: str) -> str:
     raise ValueError(f"expected 'nvml' or 'recorded:<path>', got {text!r}")
 
 
+def severity(text: str) -> str:
+    """``--fail-on``: the least severe finding that fails the run."""
+    from auditor.report.exit_status import FAIL_ON_SEVERITIES
+
+    value = text.strip().lower()
+    if value not in FAIL_ON_SEVERITIES:
+        raise ValueError(f"expected {' or '.join(FAIL_ON_SEVERITIES)}, got {text!r}")
+    return value
+
+
+def json_destination(text: str) -> str | None:
+    """``auditor run --json``: a file, or ``-`` for stdout. The yes/no values ``AUDITOR_JSON``
+    took when ``--json`` was a switch keep their meaning (yes: stdout; no: none), so an
+    environment set for ``auditor analyze --json`` never makes ``auditor run`` write a file
+    named ``1``."""
+    value = text.strip()
+    low = value.lower()
+    if low in ("1", "true", "yes", "on"):
+        return "-"
+    if low in ("", "0", "false", "no", "off"):
+        return None
+    return value
+
+
 def url(text: str) -> str:
     """A Prometheus base URL, checked as the query client will use it."""
     from auditor.metrics.query import check_url
@@ -109,23 +158,40 @@ def url(text: str) -> str:
 # --- options shared by several commands ----------------------------------------------------------
 
 SET = Option(
-    "--set", "set", "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated)"
+    "--set",
+    "set",
+    "rule thresholds, e.g. data_starvation.min_wait_ratio=0.3 (comma separated; given several "
+    "times, all apply)",
+    repeat=True,
 )
 
+
+FAIL_ON = Option(
+    "--fail-on",
+    "fail_on",
+    "exit 3 when the verdict has a finding this severe or worse (warning or critical) and "
+    "nothing else failed (default: never)",
+    severity,
+)
 
 # --- the parser and the values ------------------------------------------------------------------
 
 
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for opt in options:
-        help_text = f"{opt.help} [{opt.env}]"
+        help_text = opt.help_line()
         if opt.is_flag:
             parser.add_argument(
                 opt.flag, dest=opt.dest, action="store_true", default=None, help=help_text
             )
         else:
             parser.add_argument(
-                opt.flag, dest=opt.dest, default=None, help=help_text, metavar=opt.dest.upper()
+                opt.flag,
+                dest=opt.dest,
+                default=None,
+                action="append" if opt.repeat else "store",
+                help=help_text,
+                metavar=opt.dest.upper(),
             )
 
 
@@ -136,6 +202,8 @@ def resolve(
     out: dict[str, Any] = {}
     for opt in options:
         raw = getattr(ns, opt.dest, None)
+        if isinstance(raw, list):  # a repeatable option given several times: all of it
+            raw = ",".join(raw)
         source = opt.flag
         if raw is None and opt.env in env:
             raw, source = env[opt.env], opt.env

@@ -1,7 +1,8 @@
 """``auditor analyze``, ``auditor report`` and ``auditor compare``: recordings and reports.
 
-auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH]
-    re-run the rules on a recording (``auditor run --record``) and print the verdict
+auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH] [--fail-on SEV]
+    re-run the rules on a recording (``auditor run --record``) and print the verdict; with
+    --fail-on, exit 3 when the verdict has a finding that severe (as ``auditor run``)
 auditor report INPUT --html PATH [--window S] [--set R.T=V,...] [--json]
     write the self-contained HTML report of a recording (or of a JSON report)
 auditor compare BEFORE AFTER [--json]
@@ -23,7 +24,16 @@ from typing import TextIO
 
 from auditor.configs import AnalysisConfig, CompareConfig, ConfigError
 
-from .options import SET, Option, add_options, boolean, finite_positive, parse_overrides, resolve
+from .options import (
+    FAIL_ON,
+    SET,
+    Option,
+    add_options,
+    boolean,
+    finite_positive,
+    parse_overrides,
+    resolve,
+)
 
 COMMANDS = ("analyze", "report", "compare")
 
@@ -40,6 +50,7 @@ ANALYZE_OPTIONS: tuple[Option, ...] = (
     SET,
     _JSON,
     Option("--html", "html", "also write the HTML report here"),
+    FAIL_ON,
 )
 REPORT_OPTIONS: tuple[Option, ...] = (
     Option("--html", "html", "write the HTML report here (required)"),
@@ -75,9 +86,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "analyze",
         help="re-run the rules on a recording and print the verdict",
-        usage="auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH]",
+        usage="auditor analyze RECORDING [--window S] [--set R.T=V,...] [--json] [--html PATH] "
+        "[--fail-on SEVERITY]",
         description="Re-run the rules on a recording made with 'auditor run --record' and print "
         "the same verdict the live run prints. Unreadable lines are named and skipped.",
+        epilog="Exit status: 0; 1 when the recording holds no sample; 3 when --fail-on found a "
+        "finding that severe; 2 for a usage error or an unusable input.",
     )
     p.add_argument(
         "recording", metavar="RECORDING", help="a recording (auditor.recording/v2 or v1)"

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping, Sequence
 
 from auditor.configs import RunConfig
 
 from .options import (
+    FAIL_ON,
     SET,
     Option,
     add_options,
     boolean,
     device_source,
+    json_destination,
     niceness,
     non_negative,
     parse_overrides,
@@ -41,7 +44,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "while the job runs, list its metrics endpoint in this Prometheus file_sd JSON (removed "
         "when the run ends); without --metrics-port it implies --metrics-port 0 (any free port)",
     ),
-    Option("--address", "address", "join this Ray cluster instead of starting a local one"),
+    Option(
+        "--address",
+        "address",
+        "the Ray cluster to join (default: RAY_ADDRESS, else the cluster 'ray start' recorded "
+        "on this machine, else an embedded local Ray; 'local': a new local Ray)",
+    ),
     Option(
         "--device-source",
         "device_source",
@@ -85,7 +93,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
         True,
     ),
     Option("--quiet", "quiet", "no live table; only the verdict", boolean, False, True),
-    Option("--json", "json", "print the verdict as JSON on stdout", boolean, False, True),
+    Option(
+        "--json",
+        "json",
+        "write the verdict as JSON to this file, or to stdout with '-': stdout then carries "
+        "only the JSON, and the job's own stdout goes to stderr",
+        json_destination,
+    ),
+    FAIL_ON,
 )
 
 
@@ -104,6 +119,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
         usage="auditor run [options] -- COMMAND [ARGS...]",
         description="Run COMMAND (e.g. torchrun --nproc_per_node=2 train.py) with the probe in "
         "every rank; print a live per-rank table and a verdict with per-rank fixes.",
+        epilog="Exit status: the job's own (128+N if signal N killed it); 3 when the job "
+        "exited 0 and --fail-on found a finding that severe; 127 when COMMAND is not found, "
+        "126 when it cannot be executed; 2 for a usage error.",
     )
     add_options(p, RUN_OPTIONS)
 
@@ -118,4 +136,9 @@ def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, s
     try:
         return run(cfg)
     except LaunchError as exc:
-        raise UsageError(str(exc)) from None
+        if exc.exit_code == 2:
+            raise UsageError(str(exc)) from None
+        # Not a usage error: the shell's codes for a command that is missing (127) or cannot
+        # be executed (126), so a script can tell them from a job that exited 2.
+        print(f"auditor: error: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -9,6 +9,10 @@ rules, so each node's live table, verdict and reports cover all ranks, labelled 
 
 * Grouping: :func:`job_key` (``--job`` when given, else torchrun's rendezvous endpoint and run
   id, both parsed from the command line): two jobs on one cluster never merge.
+* Members: each run is one node of the job, named by :func:`member_name` (its node's name, and
+  torchrun's node rank, so two torchrun agents of one job on one host are two nodes). A second
+  run that claims a name a running run holds is refused (:class:`NodeClashError`): its samples
+  would be taken for the other's.
 * Clocks: samples keep their node's timestamps on the wire; the view estimates each node's clock
   offset from its own clock at every push and pull, and hands a reader the samples shifted into
   the reader's clock, so a window cut by the reader's "now" holds the same recent steps of every
@@ -29,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +88,23 @@ def job_key(job: str | None, command: Sequence[str], env: Mapping[str, str]) -> 
     return f"rdzv:{endpoint}/{opt('rdzv_id', 'none')}"
 
 
+def member_name(node: str, node_rank: int | None) -> str:
+    """A run's name in the job view: its node's name, with torchrun's node rank when known."""
+    return node if node_rank is None else f"{node}/node{node_rank}"
+
+
+class NodeClashError(RuntimeError):
+    """Another run of the job already is this node in the job view; the message says what to
+    set."""
+
+
+def clash_message(node: str) -> str:
+    return (
+        f"another auditor run of this job is already node {node} in the job view: give each "
+        "run its own node, with torchrun's --node_rank or AUDITOR_NODE=<name>"
+    )
+
+
 def actor_name(key: str) -> str:
     """The job view's Ray actor name: a digest, since keys hold ``:`` and ``/``."""
     return ACTOR_PREFIX + hashlib.sha1(key.encode()).hexdigest()[:16]
@@ -99,6 +121,7 @@ class NodeState:
     joined: float = 0.0  # view clock
     last_seen: float = 0.0  # view clock
     offset: float = 0.0  # view clock - node clock
+    run_id: str = ""  # the run that holds the name ("": any, for callers that give none)
     ranks: set[int] = field(default_factory=set)
     last_step: dict[int, int] = field(default_factory=dict)
     exit_code: int | None = None
@@ -133,12 +156,24 @@ def shift_batch(batch: Batch, delta: float) -> Batch:
 
 
 def label_batch(batch: Batch, node: str) -> Batch:
-    """Each rank labelled with its node: the node's auditor name as the rank's host (ranks on
-    two machines with one hostname, or two test nodes on one machine, stay apart)."""
-    if not batch.infos:
+    """One node's batch labelled with its name in the job: each rank's host (ranks on two
+    machines with one hostname, or two runs on one machine, stay apart), and its host and GPU
+    samples' node, which the rules match to the ranks by that name (a GPU listing a rank's PID,
+    the memory a host's ranks share)."""
+    if not (batch.infos or batch.nodes or batch.devices):
         return batch
-    infos = tuple(dataclasses.replace(i, host=node) for i in batch.infos)
-    return dataclasses.replace(batch, infos=infos)
+    return dataclasses.replace(
+        batch,
+        infos=tuple(
+            i if i.host == node else dataclasses.replace(i, host=node) for i in batch.infos
+        ),
+        nodes=tuple(
+            n if n.host == node else dataclasses.replace(n, host=node) for n in batch.nodes
+        ),
+        devices=tuple(
+            d if d.node == node else dataclasses.replace(d, node=node) for d in batch.devices
+        ),
+    )
 
 
 class JobViewCore:
@@ -169,7 +204,11 @@ class JobViewCore:
         if idle_exit_s:
             threading.Thread(target=self._idle_exit, args=(idle_exit_s,), daemon=True).start()
 
-    def join(self, node: str, ray_node_id: str = "", now: float | None = None) -> dict[str, Any]:
+    def join(
+        self, node: str, ray_node_id: str = "", now: float | None = None, run_id: str = ""
+    ) -> dict[str, Any]:
+        """``node`` joins (``run_id``: the run that claims the name). The answer says
+        ``refused`` when a running run holds that name already."""
         with self._lock:
             t = self._touch()
             self._mark_lost(t)
@@ -181,18 +220,24 @@ class JobViewCore:
                 self.nodes.clear()
                 self._released.clear()
             st = self.nodes.get(node)
+            if st is not None and st.state == RUNNING and not _same_run(st.run_id, run_id):
+                return {"key": self.key, "refused": clash_message(node)}
             if st is None or st.state != RUNNING:
                 st = NodeState(name=node, ray_node_id=ray_node_id, joined=t, last_seen=t)
                 self.nodes[node] = st
+            st.run_id = st.run_id or run_id
             if now is not None:
                 st.offset = t - now
             return {"key": self.key, "seq": self._seq, "nodes": len(self.nodes)}
 
-    def push(self, node: str, batch: Batch, sent_at: float) -> None:
-        """``batch`` from ``node``, whose clock read ``sent_at`` when it sent it."""
+    def push(self, node: str, batch: Batch, sent_at: float, run_id: str = "") -> None:
+        """``batch`` from ``node``, whose clock read ``sent_at`` when it sent it; dropped when
+        another run holds the name (a refused run's pushes were sent before its refusal)."""
         with self._lock:
             t = self._touch()
-            st = self.nodes.setdefault(node, NodeState(name=node, joined=t))
+            st = self.nodes.setdefault(node, NodeState(name=node, joined=t, run_id=run_id))
+            if not _same_run(st.run_id, run_id):
+                return
             if st.state == LOST:
                 st.state = RUNNING  # it came back
             st.last_seen = t
@@ -228,11 +273,13 @@ class JobViewCore:
                     out.append(shift_batch(batch, back))
             return self._seq, out, [s.to_dict() for s in self.nodes.values()]
 
-    def leave(self, node: str, exit_code: int | None = None) -> None:
+    def leave(self, node: str, exit_code: int | None = None, run_id: str = "") -> None:
         """``node``'s job ended (it still reads the others' last samples, then releases)."""
         with self._lock:
             t = self._touch()
-            st = self.nodes.setdefault(node, NodeState(name=node, joined=t))
+            st = self.nodes.setdefault(node, NodeState(name=node, joined=t, run_id=run_id))
+            if not _same_run(st.run_id, run_id):
+                return
             st.state, st.exit_code, st.last_seen = DONE, exit_code, t
 
     def release(self, node: str) -> int:
@@ -286,6 +333,11 @@ class JobViewCore:
                 os._exit(0)  # every driver is gone: the detached actor must not linger
 
 
+def _same_run(holder: str, claimant: str) -> bool:
+    """Whether a call from run ``claimant`` may act as the node ``holder`` holds."""
+    return not holder or not claimant or holder == claimant
+
+
 class _RayJobView(JobViewCore):
     """The actor form: also watches Ray's node table, so a lost Ray node reads lost at once."""
 
@@ -334,6 +386,8 @@ class JobViewClient:
         self.node = node
         self.name = actor_name(key)
         self._timeout = answer_timeout_s
+        # This run's claim on its node's name: a second run claiming the same name is refused.
+        self.run_id = uuid.uuid4().hex
         self.cursor = 0
         self.nodes: list[dict[str, Any]] = []
         head = _head_node_id()
@@ -351,7 +405,7 @@ class JobViewClient:
         self._actor = actor
         # One caller's calls reach an actor in the order sent: pushes sent before the join is
         # answered still land after it.
-        self._pending: Any = actor.join.remote(node, ray_node_id, time.time())
+        self._pending: Any = actor.join.remote(node, ray_node_id, time.time(), self.run_id)
         self._joining = True
         self._sent = self._pushed = time.monotonic()
 
@@ -372,7 +426,7 @@ class JobViewClient:
                 return
             batch = Batch()
         self._pushed = now
-        self._actor.push.remote(self.node, batch, time.time())
+        self._actor.push.remote(self.node, batch, time.time(), self.run_id)
 
     def pull(self) -> list[Batch]:
         """The other nodes' batches that the last pull brought, if its answer came; then the
@@ -397,6 +451,8 @@ class JobViewClient:
         answer = self._ray.get(ref, timeout=timeout)
         if self._joining:
             self._joining = False
+            if answer.get("refused"):
+                raise NodeClashError(answer["refused"])
             return []
         cursor, batches, nodes = answer
         self.cursor, self.nodes = int(cursor), list(nodes)
@@ -409,7 +465,7 @@ class JobViewClient:
         ray = self._ray
         timeout = self._timeout
         batches = self._take(timeout)  # the pull (or join) in flight: it holds batches too
-        ray.get(self._actor.leave.remote(self.node, exit_code), timeout=timeout)
+        ray.get(self._actor.leave.remote(self.node, exit_code, self.run_id), timeout=timeout)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             states = ray.get(self._actor.states.remote(FINAL_SILENCE_S), timeout=timeout)

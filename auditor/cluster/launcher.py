@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import signal
@@ -23,8 +24,19 @@ import psutil
 _PR_SET_CHILD_SUBREAPER = 36
 
 
+# The shell's exit codes for a command that cannot run (POSIX): not found, found but not
+# executable. A usage error (an empty command, a missing script argument) stays 2.
+NOT_FOUND_EXIT = 127
+NOT_EXECUTABLE_EXIT = 126
+
+
 class LaunchError(RuntimeError):
-    """The command cannot be started; the message is one clear line for the user."""
+    """The command cannot be started; the message is one clear line for the user, and
+    ``exit_code`` what ``auditor run`` exits with (2, 126 or 127)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def become_subreaper() -> bool:
@@ -42,9 +54,7 @@ def check_command(command: Sequence[str]) -> None:
         raise LaunchError(
             "nothing to run: give the command after --, e.g. auditor run -- torchrun train.py"
         )
-    exe = command[0]
-    if shutil.which(exe) is None:
-        raise LaunchError(f"command not found: {exe}")
+    _check_executable(command[0])
     for arg in command[1:]:
         if arg.startswith("-"):
             continue
@@ -52,6 +62,22 @@ def check_command(command: Sequence[str]) -> None:
             if not os.path.isfile(arg):
                 raise LaunchError(f"script not found: {arg}")
             break
+
+
+def _check_executable(exe: str) -> None:
+    """Refuse ``exe`` as a shell would: 127 when there is no such file, 126 when there is one
+    that cannot be executed (no execute permission, a directory)."""
+    if shutil.which(exe) is not None:
+        return
+    if os.sep in exe:
+        candidates = [exe]
+    else:
+        candidates = [os.path.join(d or ".", exe) for d in os.get_exec_path()]
+    found = next((c for c in candidates if os.path.exists(c)), None)
+    if found is None:
+        raise LaunchError(f"command not found: {exe}", NOT_FOUND_EXIT)
+    why = "is a directory" if os.path.isdir(found) else "permission denied (not executable)"
+    raise LaunchError(f"cannot execute {found}: {why}", NOT_EXECUTABLE_EXIT)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -80,7 +106,12 @@ class Child:
                 stderr=self.output,
             )
         except OSError as exc:
-            raise LaunchError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from None
+            # Found and checked, yet the kernel refused it (no #! line, a foreign binary) or
+            # it went away since: the shell's 126 or 127.
+            code = NOT_FOUND_EXIT if exc.errno == errno.ENOENT else NOT_EXECUTABLE_EXIT
+            raise LaunchError(
+                f"cannot start {self.command[0]}: {exc.strerror or exc}", code
+            ) from None
 
     @property
     def pid(self) -> int:

@@ -1,21 +1,24 @@
-"""Ray for ``auditor run``: an embedded local Ray by default, or an existing cluster (--address).
+"""Ray for ``auditor run``: an existing cluster (``--address``, ``RAY_ADDRESS``, or the one ``ray
+start`` recorded: :func:`auditor.cluster.address.resolve_cluster` decides), else an embedded
+local Ray.
 
 The node agent runs as a Ray actor pinned to the driver's node (node affinity, ``num_cpus=0``),
 with one ``GpuMonitor`` actor per GPU of that node (see :mod:`auditor.cluster.monitor`): the GPUs
 are discovered here, in the driver, with the run's device source (``--device-source``; ``nvml``
-on a machine without NVIDIA driver finds none and starts no monitor). If Ray cannot start, the
-same agent and monitors run inside the auditor's own process (``InProcessAgent``) so the job is
-still audited; the report notes it.
+on a machine without NVIDIA driver finds none and starts no monitor). If the embedded Ray cannot
+start, the same agent and monitors run inside the auditor's own process (``InProcessAgent``) so
+the job is still audited; the report notes it. A cluster that was named and cannot be joined is
+an error, never that fallback: its user expects the agent on that cluster.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any, Protocol
 
 from auditor.samples import Batch
 
+from .address import RayCluster, host_port, tcp_reachable
 from .agent import NodeAgentCore, ray_actor_class
 from .launcher import LaunchError
 from .monitor import GpuMonitorCore, discover_devices, start_monitor
@@ -100,6 +103,7 @@ class RayAgent:
         self._owns_ray = False
         if not ray.is_initialized():
             if address:
+                # Only what joining takes: resources belong to the cluster's nodes.
                 ray.init(
                     address=address,
                     log_to_driver=False,
@@ -110,7 +114,10 @@ class RayAgent:
                 # A private single-node Ray for this run. Ray's gRPC servers listen on every
                 # interface whatever the node address, so Ray's own token auth (on by default
                 # since 2.60) is left as the user has it: the auditor never turns it off.
+                # "local", never None: RAY_ADDRESS (or a recorded cluster) must not turn
+                # this start into a join.
                 ray.init(
+                    address="local",
                     num_cpus=1,
                     num_gpus=0,
                     include_dashboard=False,
@@ -219,20 +226,29 @@ def ray_node_named(name: str) -> str | None:
     return None
 
 
-def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
-    """Refuse an unreachable ``--address`` before the job starts: ``ray.init`` would otherwise
-    retry for minutes while the job runs unaudited. ``auto`` and ``ray://`` are left to Ray."""
-    if not address or address == "auto" or "://" in address:
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise LaunchError(f"--address: expected HOST:PORT of a Ray cluster, got {address!r}")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise LaunchError(f"cannot reach the Ray cluster at {address}: {reason}") from None
+def check_cluster(cluster: RayCluster, *, timeout_s: float = 3.0) -> None:
+    """Refuse a named cluster that does not answer, before the job starts: ``ray.init`` would
+    otherwise retry for minutes while the job runs unaudited."""
+    hp = host_port(cluster.address)
+    if hp is None:
+        raise LaunchError(
+            f"{cluster.source}: expected HOST:PORT of a Ray cluster, got {cluster.address!r}"
+        )
+    ok, detail = tcp_reachable(hp[0].strip("[]"), hp[1], timeout_s)
+    if not ok:
+        raise LaunchError(
+            f"cannot reach the Ray cluster at {cluster.address} (from {cluster.source}): "
+            f"{detail}; {_instead(cluster)}"
+        )
+
+
+def _instead(cluster: RayCluster) -> str:
+    """What to do instead, for where the address came from."""
+    if cluster.source == "--address":
+        return "check the address"
+    if cluster.source == "RAY_ADDRESS":
+        return "fix RAY_ADDRESS, or set RAY_ADDRESS=local for a new local Ray"
+    return "'ray stop' forgets it, or set RAY_ADDRESS=local for a new local Ray"
 
 
 def start_agent(

@@ -52,7 +52,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from time import thread_time
-from typing import Any
+from typing import Any, TypeVar
 
 from auditor.samples import OFF_THREAD_COLLECTIVES, LoaderConfig, RankInfo
 
@@ -61,11 +61,25 @@ from .memory import ACTIVATIONS_EVERY, MemoryMeter
 from .sink import Sink, memory_message, step_message
 
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
+_N = TypeVar("_N", int, float)
 
 
 def _script_name() -> str:
     name = os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0]
     return name if name and name != "-c" else "python"
+
+
+def _env_number(name: str, default: _N, kind: Callable[[str], _N]) -> _N:
+    """A number the probe reads from the environment. A wrong one stops the probe (not the
+    job), and the reason the run reports names the variable, not just the text."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name}={raw!r} is not {what}") from None
 
 
 def default_sink_path() -> str:
@@ -122,7 +136,7 @@ class Probe:
         self._info_sent: dict[str, Any] | None = None
         self._workers_sent: tuple[int, ...] | None = None
         self.model: Any = None
-        self._discover_steps = int(os.environ.get("AUDITOR_PROBE_DISCOVER_STEPS", "3"))
+        self._discover_steps = _env_number("AUDITOR_PROBE_DISCOVER_STEPS", 3, int)
         self._global_fwd: list[Any] = []
         self._fwd_depth = 0
         self._model_hooks: list[Any] = []
@@ -142,15 +156,13 @@ class Probe:
                 torch,
                 rank=self.rank,
                 device=lambda: self.device,
-                activations_every=int(
-                    os.environ.get("AUDITOR_PROBE_MEMORY_EVERY", str(ACTIVATIONS_EVERY))
-                ),
+                activations_every=_env_number("AUDITOR_PROBE_MEMORY_EVERY", ACTIVATIONS_EVERY, int),
             )
         self.sink = Sink(
             self.sink_path,
             collect=self._collect,
             hello=self._hello,
-            interval_s=float(os.environ.get("AUDITOR_PROBE_FLUSH_S", "0.5")),
+            interval_s=_env_number("AUDITOR_PROBE_FLUSH_S", 0.5, float),
         )
 
     # --- identity ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,9 @@ from types import ModuleType
 from typing import Any
 
 ENV_ENABLE = "AUDITOR_PROBE"
+# A file the launcher names (``auditor run`` sets it to one in the run's temp dir): a process
+# whose probe fails to attach appends why, one JSON line, since it may never reach the agent.
+ENV_ERRORS = "AUDITOR_PROBE_ERRORS"
 
 
 def enabled_by_env() -> bool:
@@ -45,6 +49,34 @@ def _attach(torch: ModuleType, *, sink_path: str | None, job: str) -> None:
     except Exception as exc:  # a probe failure must never stop the training job
         if os.environ.get("AUDITOR_DEBUG"):
             print(f"auditor probe: not attached: {exc!r}", file=sys.stderr)
+        say_not_attached(f"{type(exc).__name__}: {exc}")
+
+
+def process_label() -> str:
+    """Who this process is, for a person reading the report: its rank when a launcher gave it
+    one, else its program and pid (a launcher's agent, a plain ``python train.py``)."""
+    if "RANK" in os.environ:
+        return f"rank {os.environ['RANK']}"
+    argv = getattr(sys, "argv", None) or ["python"]
+    return f"{os.path.basename(argv[0]) or 'python'} (pid {os.getpid()})"
+
+
+def say_not_attached(reason: str) -> None:
+    """Append why the probe did not attach to ``AUDITOR_PROBE_ERRORS``, if a launcher set it.
+    Never raises: the job goes on whether or not anyone hears of it."""
+    path = os.environ.get(ENV_ERRORS)
+    if not path:
+        return
+    line = json.dumps({"who": process_label(), "reason": " ".join(reason.split())}) + "\n"
+    try:
+        # One write with O_APPEND: lines from ranks failing together never interleave.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):

@@ -11,7 +11,8 @@ Recordings are analysed the way the live run builds its final verdict: every sam
 :class:`SampleStore`, a snapshot ending at the newest sample, ``--window None`` (the whole run)
 unless asked otherwise, and the same report builder and verdict text.
 
-Exit status: 0 when something was analysed; 1 when the input holds no sample at all; 2 with one
+Exit status: 0 when something was analysed; 1 when the input holds no sample at all; 3 when
+``analyze --fail-on`` finds a finding that severe (:mod:`auditor.report.exit_status`); 2 with one
 ``auditor: error: ...`` line for a usage error or an input that is neither a report nor a
 recording. Unreadable lines of a recording are named ``FILE:LINE`` on stderr, one line each, and
 the rest is still analysed.
@@ -32,6 +33,7 @@ from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
 from auditor.configs import AnalysisConfig, CompareConfig
 from auditor.report.compare import compare_reports, render_compare
+from auditor.report.exit_status import exit_status
 from auditor.report.json_report import SCHEMA as REPORT_SCHEMA
 from auditor.report.model import Report
 from auditor.report.terminal import render_verdict
@@ -74,7 +76,7 @@ def analyze(cfg: AnalysisConfig, *, out: TextIO | None = None, err: TextIO | Non
     if cfg.html:
         _write_html(cfg.html, loaded, err)
     _print_report(loaded.report, json_out=cfg.json, out=out)
-    return _status(loaded, err)
+    return exit_status(_status(loaded, err), loaded.report, cfg.fail_on)
 
 
 def report(cfg: AnalysisConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -7,9 +7,18 @@ import dataclasses
 from pathlib import Path
 
 from auditor.audit import Audit
-from auditor.cluster.jobview import LOST, RUNNING, JobViewCore, actor_name, job_key
-from auditor.samples import Batch, StepSample
+from auditor.cluster.jobview import (
+    LOST,
+    RUNNING,
+    JobViewCore,
+    actor_name,
+    job_key,
+    label_batch,
+    member_name,
+)
+from auditor.samples import Batch, DeviceSample, NodeCpu, RankInfo, StepSample
 from auditor.telemetry.recorded import read_recording, write_recording
+from auditor.torchrun import node_rank
 from tests.helpers.clocks import Clock
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced, with_rank
 
@@ -40,6 +49,45 @@ def test_job_key_joins_the_nodes_of_one_job_and_no_other() -> None:
     assert job_key(None, ["torchrun", "x.py"], {"PET_NNODES": "2"}) == "rdzv:127.0.0.1:29500/none"
     assert job_key("mine", ["python", "x.py"], {}) == "job:mine"
     assert actor_name(a0 or "") != actor_name("job:mine")
+
+
+def test_runs_of_one_job_on_one_host_are_told_apart_by_torchruns_node_rank() -> None:
+    assert node_rank(torchrun(1, 29500), {"GROUP_RANK": "5"}) == 1  # the command line first
+    assert node_rank(["torchrun", "--node-rank", "3", "x.py"], {}) == 3
+    assert node_rank(["torchrun", "x.py"], {"PET_NODE_RANK": "2", "SLURM_NODEID": "4"}) == 2
+    assert node_rank(["python", "x.py"], {"GROUP_RANK": "1"}) == 1
+    assert node_rank(["torchrun", "x.py", "--node_rank=1"], {}) is None  # the script's own
+    assert member_name("gpu-a", 1) == "gpu-a/node1" and member_name("gpu-a", None) == "gpu-a"
+
+
+def test_a_runs_ranks_host_and_gpu_samples_carry_one_node_name() -> None:
+    """The rules match a GPU's PIDs and a host's memory to ranks by node name: a run named
+    ``vm/node1`` in the job relabels all three, not its ranks alone."""
+    batch = Batch(
+        infos=(RankInfo(rank=1, world_size=2, host="vm", pid=7),),
+        nodes=(NodeCpu(host="vm", time=0.0, cores=4, busy_cores=1, load1=1.0),),
+        devices=(DeviceSample(node="vm", index=0, uuid="GPU-0", time=0.0),),
+    )
+    labelled = label_batch(batch, "vm/node1")
+    assert {labelled.infos[0].host, labelled.nodes[0].host, labelled.devices[0].node} == {
+        "vm/node1"
+    }
+    assert label_batch(labelled, "vm/node1") == labelled
+
+
+def test_a_second_run_claiming_a_running_node_is_refused() -> None:
+    clock = Clock(0.0)
+    view = JobViewCore("k", clock=clock)
+    assert "refused" not in view.join("host", run_id="a")
+    assert "refused" not in view.join("host", run_id="a")  # the holder itself, again
+    refused = view.join("host", run_id="b")
+    assert "AUDITOR_NODE" in refused["refused"] and "--node_rank" in refused["refused"]
+    # Its pushes, sent before it read the refusal, are not taken for the holder's.
+    view.push("host", Batch(steps=(step(7, 0, 0.0),)), sent_at=0.0, run_id="b")
+    view.push("host", Batch(steps=(step(0, 0, 0.0),)), sent_at=0.0, run_id="a")
+    assert view.nodes["host"].ranks == {0}
+    clock.at(60.0)  # the holder went silent: lost, and its name free again
+    assert "refused" not in view.join("host", run_id="b")
 
 
 def step(rank: int, n: int, t: float) -> StepSample:

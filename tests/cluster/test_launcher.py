@@ -80,8 +80,9 @@ def test_child_passes_env_and_exit_code_and_gets_its_own_session() -> None:
 
 
 def test_child_start_error_is_one_clear_line() -> None:
-    with pytest.raises(LaunchError, match="cannot start"):
+    with pytest.raises(LaunchError, match="cannot start") as caught:
         Child(["/nonexistent/bin/train"], clean_env()).start()
+    assert caught.value.exit_code == 127  # the shell's "not found"
 
 
 def test_stop_ends_a_polite_child_with_sigterm() -> None:

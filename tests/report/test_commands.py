@@ -147,6 +147,18 @@ def test_analyze_thresholds_and_window(tmp_path: Path) -> None:
     assert "findings judge the last 3 s of the recording" in report["notes"]
 
 
+def test_analyze_fails_on_findings_as_run_does(tmp_path: Path) -> None:
+    """``--fail-on``: exit 3 when the verdict has a finding that severe, as ``auditor run``."""
+    path, _ = record(tmp_path / "run.jsonl", STARVED)  # data_starvation, critical
+    assert cli("analyze", str(path), "--fail-on", "critical")[0] == 3
+    assert cli("analyze", str(path), env={"AUDITOR_FAIL_ON": "warning"})[0] == 3
+    assert cli("analyze", str(path))[0] == 0
+    # Thresholds that find nothing: nothing fails.
+    relaxed = ("--set", "data_starvation.min_wait_ratio=0.99", "--fail-on", "warning")
+    code, out, _ = cli("analyze", str(path), "--json", *relaxed)
+    assert code == 0, [(f["kind"], f["severity"]) for f in json.loads(out)["findings"]]
+
+
 def test_analyze_needs_a_recording_not_a_report(tmp_path: Path) -> None:
     _, live = record(tmp_path / "run.jsonl", STARVED)
     write_report(tmp_path / "r.json", live)
