@@ -310,6 +310,7 @@ def verdict(args: argparse.Namespace) -> dict[str, Any]:
                 stop.fill_(1.0 if time.time() - start >= args.seconds else 0.0)
                 dist.broadcast(stop, src=0)
                 if stop.item():
+                    dist.barrier()  # both ranks leave together: no peer torn down mid-call
                     dist.destroy_process_group()
                     return {"rank": rank, "steps": step}
         epoch += 1

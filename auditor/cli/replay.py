@@ -27,7 +27,7 @@ REPLAY_OPTIONS: tuple[Option, ...] = (
         False,
         True,
     ),
-    Option("--job", "job", "job label to export (default: the recording's job)"),
+    Option("--job", "job", "training job to export as auditor_job (default: the recording's job)"),
     Option("--node", "node", "node of a multi-node recording to export (one per endpoint)"),
     Option(
         "--as-node", "as_node", "export the node under this name (several replays side by side)"

@@ -17,8 +17,9 @@ GPU as ``auditor_gpu_up 0`` with the last sample's timestamp.
 Every change of the endpoint list rewrites a Prometheus file-service-discovery JSON
 (``[{"targets": ["host:port"], "labels": {"node": ...}}]``, written to a temporary file and
 renamed over the old one, so Prometheus never reads half a file). The series carry ``node``
-themselves, so scrape the file with ``honor_labels: true`` (otherwise Prometheus renames the
-scraped label to ``exported_node``).
+themselves, with the same value as the target label, so a default scrape config (honor_labels
+false) needs nothing more: the target's ``node`` is the series' own (Prometheus keeps the scraped
+copy as ``exported_node``).
 
 **Which name a Ray node has, and so which device samples it gets.** A node's auditor name is the
 value of its custom resource ``auditor_node:<name>`` when it has one (``ray start

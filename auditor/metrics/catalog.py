@@ -3,11 +3,13 @@ and the alert rules, so a name, a unit or a label set is defined exactly once.
 
 Conventions (DESIGN.md): prefix ``auditor_``; base units in the name (``_seconds``, ``_bytes``,
 ``_ratio`` in 0..1, ``_cores`` for CPU); counters end in ``_total`` here (the exporter strips it
-for prometheus_client, which appends it again). Every rank and node metric carries ``job`` and
-``node``; rank metrics also ``rank`` and ``local_rank``. GPU metrics carry ``node``, ``gpu`` (the
-NVML index), ``uuid`` and ``model``, plus ``job`` and ``rank`` of the rank that owns the GPU (both
-empty when no rank of a known job uses it). A value that was not measured is exported as no series
-at all, never as zero.
+for prometheus_client, which appends it again). Every rank and node metric carries
+``auditor_job`` (the training job) and ``node``; rank metrics also ``rank`` and ``local_rank``. GPU
+metrics carry ``node``, ``gpu`` (the NVML index), ``uuid`` and ``model``, plus ``auditor_job`` and
+``rank`` of the rank that owns the GPU (both empty when no rank of a known job uses it). The
+training job is never ``job``: Prometheus sets that to the scrape job, and a default scrape config
+(honor_labels false) would move ours to ``exported_job``. A value that was not measured is
+exported as no series at all, never as zero.
 """
 
 from __future__ import annotations
@@ -63,9 +65,13 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "reason": THROTTLE_REASONS,
 }
 
+# The training job's label. Not ``job``: Prometheus sets that to the scrape job, and a default
+# scrape config (honor_labels false) would rename ours to ``exported_job``.
+JOB_LABEL = "auditor_job"
+
 # The shared vocabulary (DESIGN.md) plus the specific labels above, the descriptive labels of
 # ``auditor_rank_info`` and the GPU's model name. A label outside this set is a catalog bug.
-COMMON_LABELS = ("job", "node", "rank", "local_rank", "gpu", "uuid")
+COMMON_LABELS = (JOB_LABEL, "node", "rank", "local_rank", "gpu", "uuid")
 INFO_LABELS = ("device", "parallel_mode", "world_size")
 # Descriptive labels of ``auditor_rank_dataloader_info``: one series per rank, the settings the
 # rank's DataLoader was built with (what ``auditor serve`` needs to write a fix).
@@ -94,10 +100,10 @@ RANK_SERIES_BUDGET = 30
 # The most series the ``auditor_gpu_*`` metrics may produce for one GPU.
 GPU_SERIES_BUDGET = 40
 
-RANK = ("job", "node", "rank", "local_rank")
-NODE = ("job", "node")
+RANK = (JOB_LABEL, "node", "rank", "local_rank")
+NODE = (JOB_LABEL, "node")
 # Identity first (stable for the GPU's life), then the owning rank's job and rank ("" if none).
-GPU = ("node", "gpu", "uuid", "model", "job", "rank")
+GPU = ("node", "gpu", "uuid", "model", JOB_LABEL, "rank")
 
 
 @dataclass(frozen=True)
@@ -416,7 +422,7 @@ FINDING = MetricSpec(
     type="gauge",
     unit="",
     help="Always 1 while the analysis holds this finding against the rank.",
-    labels=("job", "kind", "rank", "node", "severity"),
+    labels=(JOB_LABEL, "kind", "rank", "node", "severity"),
 )
 FINDING_PREDICTED_SPEEDUP = MetricSpec(
     name="auditor_finding_predicted_speedup",
@@ -424,7 +430,7 @@ FINDING_PREDICTED_SPEEDUP = MetricSpec(
     unit="",
     help="Expected job step-rate gain (x, 1.0 = none) if every fix of the finding is applied; "
     "repeated on each blamed rank, aggregate with max().",
-    labels=("job", "kind", "rank"),
+    labels=(JOB_LABEL, "kind", "rank"),
 )
 
 # --- per job, from ``auditor serve`` -----------------------------------------------------------
@@ -434,21 +440,21 @@ JOB_IMBALANCE_RATIO = MetricSpec(
     unit="ratio",
     help="1 - fastest/slowest local step time across the job's ranks over the analysis window "
     "(time the least-loaded rank waits at each step, as a share); 0 = balanced.",
-    labels=("job",),
+    labels=(JOB_LABEL,),
 )
 JOB_RANKS = MetricSpec(
     name="auditor_job_ranks",
     type="gauge",
     unit="",
     help="Ranks of the job that the latest evaluation judged.",
-    labels=("job",),
+    labels=(JOB_LABEL,),
 )
 JOB_PREDICTED_SPEEDUP = MetricSpec(
     name="auditor_job_predicted_speedup",
     type="gauge",
     unit="",
     help="Largest predicted speed-up (x) among the job's current findings; 1.0 = nothing to gain.",
-    labels=("job",),
+    labels=(JOB_LABEL,),
 )
 
 # --- the analysis service's own health (``auditor serve``) --------------------------------------

@@ -99,7 +99,7 @@ def render(state: ExportState) -> list[Metric]:
     for rank in sorted(infos):
         info = infos[rank]
         base = {
-            "job": info.job or state.job,
+            C.JOB_LABEL: info.job or state.job,
             "node": info.host or state.node,
             "rank": str(info.rank),
             "local_rank": str(info.local_rank),
@@ -183,7 +183,7 @@ def render(state: ExportState) -> list[Metric]:
 
     node_cpu = state.node_cpu
     if node_cpu is not None:
-        node = {"job": state.job, "node": node_cpu.host or state.node}
+        node = {C.JOB_LABEL: state.job, "node": node_cpu.host or state.node}
         out.add(C.NODE_CPU_CORES, node, node_cpu.cores)
         out.add(C.NODE_CPU_BUSY_CORES, node, node_cpu.busy_cores)
         out.add(C.NODE_LOAD1, node, node_cpu.load1)
@@ -222,7 +222,7 @@ def add_findings(
             out.add(
                 C.FINDING,
                 {
-                    "job": job,
+                    C.JOB_LABEL: job,
                     "kind": finding.kind,
                     "rank": rank_label,
                     "node": "" if r is None else node_of(r),
@@ -233,7 +233,7 @@ def add_findings(
             if finding.predicted_speedup is not None:
                 out.add(
                     C.FINDING_PREDICTED_SPEEDUP,
-                    {"job": job, "kind": finding.kind, "rank": rank_label},
+                    {C.JOB_LABEL: job, "kind": finding.kind, "rank": rank_label},
                     finding.predicted_speedup,
                 )
 
@@ -252,7 +252,7 @@ def _render_gpu(
         "gpu": str(gpu.index),
         "uuid": gpu.uuid,
         "model": gpu.model or (sample.model if sample is not None else ""),
-        "job": (owner.job or state.job) if owner is not None else "",
+        C.JOB_LABEL: (owner.job or state.job) if owner is not None else "",
         "rank": str(owner.rank) if owner is not None else "",
     }
     out.add(C.GPU_UP, labels, 1 if gpu.up and sample is not None else 0)

@@ -20,8 +20,8 @@ How the recording is played:
 * ``--loop`` starts again from the beginning one tick after the end, times shifted again. Counters
   keep growing across loops and step numbers keep counting up: Prometheus never sees a reset.
   Without ``--loop`` the last state stays published until the command is stopped.
-* The ``job`` label is the recording's job unless ``--job NAME`` is given (ranks' own job names
-  are overridden too, so GPU ownership labels agree).
+* The ``auditor_job`` label is the recording's job unless ``--job NAME`` is given (ranks' own job
+  names are overridden too, so GPU ownership labels agree).
 * One endpoint exports one node, as a node agent does: a multi-node recording needs ``--node``
   (run one replay per node, on different ports, to export them all).
 """

@@ -28,7 +28,7 @@ RECORDING_GROUP = "auditor-recording"
 ALERT_GROUP = "auditor-alerts"
 
 # Prometheus scrape-config job names (``up{job=...}`` keeps these; auditor_* series carry the
-# training job instead because the scrape configs set honor_labels).
+# training job in ``auditor_job``, which a default scrape config leaves alone).
 NODES_SCRAPE_JOB = "auditor-nodes"
 SERVE_SCRAPE_JOB = "auditor-serve"
 # The analysis service's JSON for one job (auditor/service/http.py): its findings, evidence and
@@ -100,7 +100,7 @@ def _pct(x: float) -> str:
 
 
 # Where an annotation sends the reader for the job's findings, evidence and per-rank fixes.
-_SERVE_JOB = f"GET {SERVE_JOB_PATH}{_label('job')} on `auditor serve`"
+_SERVE_JOB = f"GET {SERVE_JOB_PATH}{_label('auditor_job')} on `auditor serve`"
 
 
 @dataclass(frozen=True)
@@ -141,14 +141,15 @@ UNDERUSED_MULTI_GPU_NODE = AlertRule(
     name="AuditorUnderusedMultiGpuNode",
     expr=(
         f"{R.NODE_JOB_GPU_UTILIZATION_AVG.record} < {UNDERUSED_UTILIZATION}"
-        f" and on (node, job) ({R.NODE_JOB_GPUS.record} >= {UNDERUSED_MIN_GPUS})"
+        f" and on (node, auditor_job) ({R.NODE_JOB_GPUS.record} >= {UNDERUSED_MIN_GPUS})"
     ),
     for_=UNDERUSED_FOR,
     severity="warning",
-    summary=f"Job {_label('job')} keeps its GPUs on node {_label('node')} mostly idle",
+    summary=f"Job {_label('auditor_job')} keeps its GPUs on node {_label('node')} mostly idle",
     description=(
-        f"The GPUs job {_label('job')} holds on node {_label('node')} were busy {_PCT} of the"
-        f" time (mean of the last 5 minutes, threshold {_pct(UNDERUSED_UTILIZATION)}) for"
+        f"The GPUs job {_label('auditor_job')} holds on node {_label('node')} were busy"
+        f" {_PCT} of the time (mean of the last 5 minutes, threshold"
+        f" {_pct(UNDERUSED_UTILIZATION)}) for"
         f" {UNDERUSED_FOR}. The node's GPUs wait for something else: data, the host or one slow"
         f" rank. The job's findings name the rank and the change: {_SERVE_JOB}."
     ),
@@ -165,13 +166,14 @@ GPU_UTILIZATION_SPREAD = AlertRule(
     name="AuditorGpuUtilizationSpread",
     expr=(
         f"{R.JOB_GPU_UTILIZATION_SPREAD.record} > {SPREAD_UTILIZATION}"
-        f" and on (job) ({R.JOB_GPUS.record} >= {SPREAD_MIN_GPUS})"
+        f" and on (auditor_job) ({R.JOB_GPUS.record} >= {SPREAD_MIN_GPUS})"
     ),
     for_=SPREAD_FOR,
     severity="warning",
-    summary=f"GPUs of job {_label('job')} are unevenly busy",
+    summary=f"GPUs of job {_label('auditor_job')} are unevenly busy",
     description=(
-        f"The busiest and the idlest GPU of job {_label('job')} differ by {_PCT} of 5-minute busy"
+        f"The busiest and the idlest GPU of job {_label('auditor_job')} differ by {_PCT} of"
+        " 5-minute busy"
         f" time (threshold {_pct(SPREAD_UTILIZATION)}) for {SPREAD_FOR}. Look at the batch split,"
         " the data path of the idle GPUs' ranks and whether one device is slower; the job's"
         f" findings name the rank that holds the others back: {_SERVE_JOB}."
@@ -190,18 +192,19 @@ GPU_UTILIZATION_SPREAD = AlertRule(
 DATA_STARVED_RANK = AlertRule(
     name="AuditorDataStarvedRank",
     expr=(
-        f'max by (job, node, rank) ({R.RANK_PHASE_RATIO.record}{{phase="data_wait"}})'
+        f'max by (auditor_job, node, rank) ({R.RANK_PHASE_RATIO.record}{{phase="data_wait"}})'
         f" > {DATA_WAIT_RATIO}"
-        f" and on (job, node, rank) ({C.RANK_UP.name} == 1)"
+        f" and on (auditor_job, node, rank) ({C.RANK_UP.name} == 1)"
     ),
     for_=DATA_STARVED_FOR,
     severity="warning",
     summary=(
-        f"Rank {_label('rank')} of job {_label('job')} on {_label('node')} waits for data"
+        f"Rank {_label('rank')} of job {_label('auditor_job')} on {_label('node')} waits for data"
         f" {_PCT} of its step time"
     ),
     description=(
-        f"Rank {_label('rank')} of job {_label('job')} on node {_label('node')} spent {_PCT} of"
+        f"Rank {_label('rank')} of job {_label('auditor_job')} on node {_label('node')}"
+        f" spent {_PCT} of"
         f" its step time waiting for the DataLoader (threshold {_pct(DATA_WAIT_RATIO)}) for"
         f" {DATA_STARVED_FOR}. More num_workers (within the node's free cores), pin_memory and"
         " persistent_workers keep batches ready; the data_starvation finding gives the rank's"
@@ -218,19 +221,20 @@ DATA_STARVED_RANK = AlertRule(
 IDLE_ALLOCATED_GPU = AlertRule(
     name="AuditorIdleAllocatedGpu",
     expr=(
-        f'max_over_time({C.GPU_UTILIZATION_RATIO.name}{{job!=""}}[{IDLE_WINDOW}])'
+        f'max_over_time({C.GPU_UTILIZATION_RATIO.name}{{auditor_job!=""}}[{IDLE_WINDOW}])'
         f" < {IDLE_UTILIZATION}"
-        f" and on (node, uuid, job, rank) ({C.GPU_UP.name} == 1)"
+        f" and on (node, uuid, auditor_job, rank) ({C.GPU_UP.name} == 1)"
     ),
     for_=IDLE_FOR,
     severity="warning",
     summary=(
-        f"GPU {_label('gpu')} on node {_label('node')} is held by job {_label('job')}"
+        f"GPU {_label('gpu')} on node {_label('node')} is held by job {_label('auditor_job')}"
         " but does no work"
     ),
     description=(
         f"GPU {_label('gpu')} ({_label('uuid')}, {_label('model')}) on node {_label('node')},"
-        f" owned by rank {_label('rank')} of job {_label('job')}, was at most {_PCT} busy over"
+        f" owned by rank {_label('rank')} of job {_label('auditor_job')}, was at most {_PCT}"
+        " busy over"
         f" the last {IDLE_WINDOW} (threshold {_pct(IDLE_UTILIZATION)}) for {IDLE_FOR}. The job"
         " holds a GPU it does not use: check the rank's device placement (the idle_device"
         f" finding: {_SERVE_JOB})."
@@ -239,7 +243,8 @@ IDLE_ALLOCATED_GPU = AlertRule(
         f"Fires when every utilisation sample of a GPU some rank owns stayed below"
         f" {IDLE_UTILIZATION} for {IDLE_WINDOW} while its monitor answers. A GPU without"
         " utilisation samples (not supported, monitor down) has no series and never reads as"
-        f' idle; an unowned GPU (job="") is not the job\'s waste. The {IDLE_FOR} `for:` covers a'
+        ' idle; an unowned GPU (auditor_job="") is not the job\'s waste.'
+        f" The {IDLE_FOR} `for:` covers a"
         " GPU that just changed owner, whose series is younger than the window: its first"
         " samples alone must not make it idle."
     ),
@@ -316,7 +321,8 @@ GPU_LOST = AlertRule(
     description=(
         f"NVML reports GPU {_label('gpu')} ({_label('uuid')}, {_label('model')}) on node"
         f" {_label('node')} lost (fallen off the bus)."
-        f"{{{{ if $labels.job }}}} Rank {_label('rank')} of job {_label('job')} on it will fail"
+        "{{ if $labels.auditor_job }}"
+        f" Rank {_label('rank')} of job {_label('auditor_job')} on it will fail"
         " or hang.{{ end }} Drain the node; the GPU needs a reset or the node a reboot."
     ),
     doc=(
@@ -360,24 +366,25 @@ SERVE_STALE = AlertRule(
 )
 
 _speedup_query = (
-    f'printf "max({C.FINDING_PREDICTED_SPEEDUP.name}{{job=%q,kind=%q,rank=%q}})"'
-    " $labels.job $labels.kind $labels.rank"
+    f'printf "max({C.FINDING_PREDICTED_SPEEDUP.name}{{auditor_job=%q,kind=%q,rank=%q}})"'
+    " $labels.auditor_job $labels.kind $labels.rank"
 )
 CRITICAL_FINDING = AlertRule(
     name="AuditorCriticalFinding",
     # Node endpoints of live runs export the same finding as the service: max by dedupes them.
-    expr=f'max by (job, kind, rank, node) ({C.FINDING.name}{{severity="critical"}})',
+    expr=f'max by (auditor_job, kind, rank, node) ({C.FINDING.name}{{severity="critical"}})',
     for_=CRITICAL_FINDING_FOR,
     severity="critical",
     # rank="" is a job-wide finding: the templates then name the job alone.
     summary=(
         f"Critical {_label('kind')} finding"
-        f"{{{{ if $labels.rank }}}} on rank {_label('rank')}{{{{ end }}}} of job {_label('job')}"
+        f"{{{{ if $labels.rank }}}} on rank {_label('rank')}{{{{ end }}}}"
+        f" of job {_label('auditor_job')}"
     ),
     description=(
         f"The auditor holds a critical {_label('kind')} finding against"
         f"{{{{ if $labels.rank }}}} rank {_label('rank')} (node {_label('node')}) of{{{{ end }}}}"
-        f" job {_label('job')} for {CRITICAL_FINDING_FOR}. "
+        f" job {_label('auditor_job')} for {CRITICAL_FINDING_FOR}. "
         f"{{{{ with {_speedup_query} | query }}}}"
         "Applying its fixes is predicted to speed the job up"
         ' {{ . | first | value | printf "%.2f" }}x. '
@@ -456,5 +463,6 @@ _METRIC = re.compile(r"(?<![A-Za-z0-9_:])auditor(?:_[A-Za-z0-9_]+|:[A-Za-z0-9_:]
 
 
 def referenced_metrics(expr: str) -> set[str]:
-    """The auditor metric names (``auditor_*`` and recorded ``auditor:*``) ``expr`` reads."""
-    return set(_METRIC.findall(expr))
+    """The auditor metric names (``auditor_*`` and recorded ``auditor:*``) ``expr`` reads (the
+    training job's label, ``auditor_job``, is no metric)."""
+    return set(_METRIC.findall(expr)) - {C.JOB_LABEL}

@@ -44,10 +44,10 @@ FINDINGS_PATH = "/api/v1/findings"
 UNDERUSED_BUSY_RATIO = 0.5
 SPEEDUP_UNIT = "suffix:x"
 
-JOB = 'job=~"$job"'
+JOB = 'auditor_job=~"$job"'
 NODE = 'node=~"$node"'
 RANK = 'rank=~"$rank"'
-OWNED = 'job!=""'  # GPUs held by a rank of a known job
+OWNED = 'auditor_job!=""'  # GPUs held by a rank of a known job
 
 PHASE_TITLES = {
     "data_wait": "data wait",
@@ -105,7 +105,7 @@ NODE_LINK = _link(
 RANK_LINK = _link(
     "Job view of this rank",
     "/d/auditor-job/auditor-job?${__url_time_range}"
-    "&var-job=${__data.fields.job}&var-rank=${__value.raw}",
+    "&var-job=${__data.fields.auditor_job}&var-rank=${__value.raw}",
 )
 BUSY_THRESHOLDS = (
     Threshold(None, "red"),
@@ -126,7 +126,9 @@ def variables() -> tuple[DatasourceVariable | QueryVariable | TextboxVariable, .
     """The variables every auditor dashboard has."""
     return (
         DatasourceVariable(default_uid=DATASOURCE_UID),
-        QueryVariable(name="job", label="Job", query=f"label_values({C.RANK_INFO.name}, job)"),
+        QueryVariable(
+            name="job", label="Job", query=f"label_values({C.RANK_INFO.name}, auditor_job)"
+        ),
         QueryVariable(
             name="node",
             label="Node",
@@ -162,12 +164,12 @@ def findings_table(*matchers: str, w: int = 16, h: int = 9) -> Table:
     Two instant queries merged on their shared labels; the speed-up query keeps only findings the
     first one selected (``and on``), so a filter on node or rank holds for both columns.
     """
-    finding = f"max by (job, kind, rank, node, severity) ({sel(C.FINDING.name, *matchers)})"
+    finding = f"max by (auditor_job, kind, rank, node, severity) ({sel(C.FINDING.name, *matchers)})"
     speedup_matchers = tuple(m for m in matchers if not m.startswith("node"))
     speedup = (
-        "max by (job, kind, rank) "
+        "max by (auditor_job, kind, rank) "
         f"({sel(C.FINDING_PREDICTED_SPEEDUP.name, *speedup_matchers)})"
-        f" and on (job, kind, rank) {finding}"
+        f" and on (auditor_job, kind, rank) {finding}"
     )
     return Table(
         title="Current findings",
@@ -186,7 +188,7 @@ def findings_table(*matchers: str, w: int = 16, h: int = 9) -> Table:
                 "options": {
                     "excludeByName": {"Time": True, "Value #A": True},
                     "indexByName": {
-                        "job": 0,
+                        "auditor_job": 0,
                         "kind": 1,
                         "severity": 2,
                         "rank": 3,
@@ -240,12 +242,12 @@ def fixes_text(w: int = 8, h: int = 9) -> Text:
 def cluster_overview() -> Dashboard:
     gpu = "max by (node, gpu) ({})"
     gpus_up = gpu.format(sel(C.GPU_UP.name, JOB, NODE))
-    unowned = gpu.format(sel(C.GPU_UP.name, 'job=""', NODE))
+    unowned = gpu.format(sel(C.GPU_UP.name, 'auditor_job=""', NODE))
     node_busy = sel(R.NODE_JOB_GPU_UTILIZATION_AVG.record, JOB, NODE)
     node_gpus = sel(R.NODE_JOB_GPUS.record, JOB, NODE)
-    ranks = f"max by (job) ({sel(C.JOB_RANKS.name, JOB)})"
-    imbalance = f"max by (job) ({sel(C.JOB_IMBALANCE_RATIO.name, JOB)})"
-    job_speedup = f"max by (job) ({sel(C.JOB_PREDICTED_SPEEDUP.name, JOB)})"
+    ranks = f"max by (auditor_job) ({sel(C.JOB_RANKS.name, JOB)})"
+    imbalance = f"max by (auditor_job) ({sel(C.JOB_IMBALANCE_RATIO.name, JOB)})"
+    job_speedup = f"max by (auditor_job) ({sel(C.JOB_PREDICTED_SPEEDUP.name, JOB)})"
     job_samples = sel(R.JOB_SAMPLES_RATE.record, JOB)
 
     gpus = Row(
@@ -309,7 +311,12 @@ def cluster_overview() -> Dashboard:
                         "id": "organize",
                         "options": {
                             "excludeByName": {"Time": True},
-                            "indexByName": {"node": 0, "job": 1, "Value #A": 2, "Value #B": 3},
+                            "indexByName": {
+                                "node": 0,
+                                "auditor_job": 1,
+                                "Value #A": 2,
+                                "Value #B": 3,
+                            },
                             "renameByName": {},
                         },
                     },
@@ -345,7 +352,7 @@ def cluster_overview() -> Dashboard:
                 unit="percentunit",
                 min=0,
                 max=1,
-                targets=(Target(expr=node_busy, legend_format="{{node}} {{job}}"),),
+                targets=(Target(expr=node_busy, legend_format="{{node}} {{auditor_job}}"),),
             ),
         ),
     )
@@ -402,13 +409,13 @@ def cluster_overview() -> Dashboard:
                 unit="percentunit",
                 min=0,
                 max=1,
-                targets=(Target(expr=imbalance, legend_format="{{job}}"),),
+                targets=(Target(expr=imbalance, legend_format="{{auditor_job}}"),),
             ),
             TimeSeries(
                 title="Samples per second per job",
                 w=12,
                 unit="none",
-                targets=(Target(expr=job_samples, legend_format="{{job}}"),),
+                targets=(Target(expr=job_samples, legend_format="{{auditor_job}}"),),
             ),
         ),
     )
@@ -496,7 +503,9 @@ def _serve_panels() -> tuple[Panel, ...]:
 
 
 def job_view() -> Dashboard:
-    ranks_up = f"count by (job) (max by (job, rank) ({sel(C.RANK_UP.name, JOB)}) == 1)"
+    ranks_up = (
+        f"count by (auditor_job) (max by (auditor_job, rank) ({sel(C.RANK_UP.name, JOB)}) == 1)"
+    )
     stats = Row(
         title="Job",
         panels=(
@@ -531,7 +540,9 @@ def job_view() -> Dashboard:
                 h=4,
                 unit="percentunit",
                 thresholds=(Threshold(None, "green"), Threshold(0.1, "orange")),
-                targets=(Target(expr=f"max by (job) ({sel(C.JOB_IMBALANCE_RATIO.name, JOB)})"),),
+                targets=(
+                    Target(expr=f"max by (auditor_job) ({sel(C.JOB_IMBALANCE_RATIO.name, JOB)})"),
+                ),
             ),
             Stat(
                 title="Predicted speed-up",
@@ -539,7 +550,9 @@ def job_view() -> Dashboard:
                 h=4,
                 unit=SPEEDUP_UNIT,
                 decimals=2,
-                targets=(Target(expr=f"max by (job) ({sel(C.JOB_PREDICTED_SPEEDUP.name, JOB)})"),),
+                targets=(
+                    Target(expr=f"max by (auditor_job) ({sel(C.JOB_PREDICTED_SPEEDUP.name, JOB)})"),
+                ),
             ),
         ),
     )
@@ -780,7 +793,7 @@ def node_view() -> Dashboard:
         return f"max by (node, gpu) ({sel(metric, NODE, *matchers)})"
 
     legend = "{{node}} gpu {{gpu}}"
-    inventory = f"max by (node, gpu, model, uuid, job, rank) ({sel(C.GPU_UP.name, NODE)})"
+    inventory = f"max by (node, gpu, model, uuid, auditor_job, rank) ({sel(C.GPU_UP.name, NODE)})"
     gpus = Row(
         title="GPUs of the node",
         panels=(
@@ -799,7 +812,7 @@ def node_view() -> Dashboard:
                                 "node": 0,
                                 "gpu": 1,
                                 "model": 2,
-                                "job": 3,
+                                "auditor_job": 3,
                                 "rank": 4,
                                 "uuid": 5,
                                 "Value": 6,
@@ -918,7 +931,7 @@ def node_view() -> Dashboard:
             ),
         ),
     )
-    rank_legend = "{{job}} rank {{rank}}"
+    rank_legend = "{{auditor_job}} rank {{rank}}"
     loaders = Row(
         title="Ranks and DataLoaders on the node",
         panels=(

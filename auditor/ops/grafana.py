@@ -367,7 +367,7 @@ class DatasourceVariable:
 
 @dataclass(frozen=True, kw_only=True)
 class QueryVariable:
-    """Values from the data source, e.g. ``label_values(auditor_rank_info, job)``.
+    """Values from the data source, e.g. ``label_values(auditor_rank_info, auditor_job)``.
 
     With ``include_all`` the All value is ``all_value`` (``.*``), so queries match with
     ``label=~"$name"`` whichever way the variable is set.

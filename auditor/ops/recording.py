@@ -80,7 +80,7 @@ RANK_SAMPLES_RATE = RecordingRule(
 )
 JOB_SAMPLES_RATE = RecordingRule(
     record="auditor:job_samples:rate1m",
-    expr=f"sum by (job) ({RANK_SAMPLES_RATE.record})",
+    expr=f"sum by (auditor_job) ({RANK_SAMPLES_RATE.record})",
     help="Training samples per second of each job (all ranks).",
 )
 GPU_UTILIZATION_AVG = RecordingRule(
@@ -90,29 +90,29 @@ GPU_UTILIZATION_AVG = RecordingRule(
 )
 NODE_JOB_GPUS = RecordingRule(
     record="auditor:node_job_gpus:count",
-    expr=f'count by (node, job) ({_gpu_up}{{job!=""}} == 1)',
+    expr=f'count by (node, auditor_job) ({_gpu_up}{{auditor_job!=""}} == 1)',
     help="GPUs each job holds on each node (GPUs whose monitor answers).",
 )
 NODE_JOB_GPU_UTILIZATION_AVG = RecordingRule(
     record="auditor:node_job_gpu_utilization:avg5m",
-    expr=f'avg by (node, job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})',
+    expr=f'avg by (node, auditor_job) ({GPU_UTILIZATION_AVG.record}{{auditor_job!=""}})',
     help="Mean 5-minute busy time of the GPUs one job holds on one node, 0..1.",
 )
 JOB_GPUS = RecordingRule(
     record="auditor:job_gpus:count",
-    expr=f'count by (job) ({_gpu_up}{{job!=""}} == 1)',
+    expr=f'count by (auditor_job) ({_gpu_up}{{auditor_job!=""}} == 1)',
     help="GPUs each job holds across the cluster.",
 )
 JOB_GPU_UTILIZATION_AVG = RecordingRule(
     record="auditor:job_gpu_utilization:avg5m",
-    expr=f'avg by (job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})',
+    expr=f'avg by (auditor_job) ({GPU_UTILIZATION_AVG.record}{{auditor_job!=""}})',
     help="Mean 5-minute busy time of all the GPUs one job holds, 0..1.",
 )
 JOB_GPU_UTILIZATION_SPREAD = RecordingRule(
     record="auditor:job_gpu_utilization:spread5m",
     expr=(
-        f'max by (job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})'
-        f' - min by (job) ({GPU_UTILIZATION_AVG.record}{{job!=""}})'
+        f'max by (auditor_job) ({GPU_UTILIZATION_AVG.record}{{auditor_job!=""}})'
+        f' - min by (auditor_job) ({GPU_UTILIZATION_AVG.record}{{auditor_job!=""}})'
     ),
     help="Busiest minus idlest GPU of one job (5-minute busy time), 0..1.",
 )

@@ -33,8 +33,8 @@ def as_vector(answer: Answer | None) -> Vector:
 
 @dataclass(frozen=True)
 class Key:
-    """The labels that say which index entry a series is: ``("job", "rank")`` or ``("uuid",)``
-    (a value, or a tuple of values; "" where a label is absent)."""
+    """The labels that say which index entry a series is: ``("auditor_job", "rank")`` or
+    ``("uuid",)`` (a value, or a tuple of values; "" where a label is absent)."""
 
     names: tuple[str, ...]
 
@@ -51,7 +51,7 @@ class Key:
             return [self.of(labels) for labels in vector.labels]
 
 
-RANK = Key(("job", "rank"))
+RANK = Key(("auditor_job", "rank"))
 GPU = Key(("uuid",))
 
 

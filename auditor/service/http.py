@@ -48,10 +48,10 @@ def render(published: Published) -> list[Metric]:
     out.add(C.SERVE_JOBS, {}, len(published.results))
     for job, result in sorted(published.results.items()):
         add_findings(out, job, result.findings, _node_lookup(result.nodes))
-        out.add(C.JOB_RANKS, {"job": job}, result.ranks)
-        out.add(C.JOB_PREDICTED_SPEEDUP, {"job": job}, result.predicted_speedup)
+        out.add(C.JOB_RANKS, {C.JOB_LABEL: job}, result.ranks)
+        out.add(C.JOB_PREDICTED_SPEEDUP, {C.JOB_LABEL: job}, result.predicted_speedup)
         if result.imbalance_ratio is not None:
-            out.add(C.JOB_IMBALANCE_RATIO, {"job": job}, result.imbalance_ratio)
+            out.add(C.JOB_IMBALANCE_RATIO, {C.JOB_LABEL: job}, result.imbalance_ratio)
     return list(out.families())
 
 

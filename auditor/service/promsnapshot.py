@@ -11,7 +11,7 @@ its budget (``bench/serve_scale.py``).
   rules weigh it as those steps together. This is a window *mean* where the live path takes a
   median of single steps: a few very slow steps weigh more here.
 * **rank identity**: ``auditor_rank_info`` and ``auditor_rank_dataloader_info`` labels; the GPUs
-  a rank owns from the ``job``/``rank`` labels the node endpoint put on each GPU's series.
+  a rank owns from the ``auditor_job``/``rank`` labels the node endpoint put on each GPU's series.
 * **CPU and nodes**: window means (median for busy cores, as the live path); memory: medians.
 * **GPUs**: :class:`DeviceStats` straight from ``quantile_over_time`` (medians), ``max_over_time``
   (peaks, PCIe), ``deriv`` (memory trend: the least-squares slope the live path fits),
@@ -61,7 +61,7 @@ def queries(window_s: float) -> dict[str, str]:
     half = f"{max(1, round(window_s / 2))}s"
     # Figures are aggregated ``by`` the labels this module reads: smaller answers, fewer labels
     # to decode per series (a 4,096-rank job answers in about 200,000 series otherwise).
-    r = "job, rank"
+    r = f"{C.JOB_LABEL}, rank"
     g = "uuid"
     q = {
         # ranks: identity (all labels) ...
@@ -101,11 +101,12 @@ def queries(window_s: float) -> dict[str, str]:
         )
     q |= {
         # nodes
-        "node_cores": f"max by (job, node) (max_over_time({C.NODE_CPU_CORES.name}[{w}]))",
-        "node_busy": "max by (job, node) "
+        "node_cores": f"max by (auditor_job, node) (max_over_time({C.NODE_CPU_CORES.name}[{w}]))",
+        "node_busy": "max by (auditor_job, node) "
         f"(quantile_over_time(0.5, {C.NODE_CPU_BUSY_CORES.name}[{w}]))",
-        "node_load": f"max by (job, node) (avg_over_time({C.NODE_LOAD1.name}[{w}]))",
-        "node_samples": f"max by (job, node) (count_over_time({C.NODE_CPU_BUSY_CORES.name}[{w}]))",
+        "node_load": f"max by (auditor_job, node) (avg_over_time({C.NODE_LOAD1.name}[{w}]))",
+        "node_samples": "max by (auditor_job, node) "
+        f"(count_over_time({C.NODE_CPU_BUSY_CORES.name}[{w}]))",
         # GPUs: identity (all labels) ...
         "gpu_up": f"last_over_time({C.GPU_UP.name}[{w}])",
         # ... and figures
@@ -541,14 +542,15 @@ def _ranks(
 
 
 def _nodes(answers: Answers, now: float) -> dict[tuple[str, str], NodeCpu]:
-    """Node CPU by ``(job, node)``. ``job`` is "" from a fleet agent, which serves every job on
-    its node: such a node counts for each job with ranks there (see :func:`_job_nodes`)."""
+    """Node CPU by ``(auditor_job, node)``. ``auditor_job`` is "" from a fleet agent, which serves
+    every job on its node: such a node counts for each job with ranks there (see
+    :func:`_job_nodes`)."""
     values: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for name in ("node_cores", "node_busy", "node_load", "node_samples"):
         answer = as_vector(answers.get(name))
         for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
             if value == value:  # NaN: no answer
-                values[(labels.get("job", ""), labels.get("node", ""))][name] = value
+                values[(labels.get(C.JOB_LABEL, ""), labels.get("node", ""))][name] = value
     return {
         key: NodeCpu(
             host=key[1],
@@ -584,11 +586,13 @@ def _gpu_stats(
     for series in as_vector(answers.get("gpu_up")).labels:
         uuid = series.get("uuid", "")
         # A GPU that changed owner in the window has a series per owner; an owner beats none.
-        if uuid and (uuid not in identity or series.get("job")):
+        if uuid and (uuid not in identity or series.get(C.JOB_LABEL)):
             identity[uuid] = series
     if wanted is not None:
         identity = {
-            u: x for u, x in identity.items() if x.get("job", "") in wanted or not x.get("job")
+            u: x
+            for u, x in identity.items()
+            if x.get(C.JOB_LABEL, "") in wanted or not x.get(C.JOB_LABEL)
         }
     index = {uuid: i for i, uuid in enumerate(identity)}
     # One column over the GPUs per figure (None where Prometheus had none).
@@ -663,7 +667,7 @@ def _gpu_stats(
         "process_count": [0] * count,  # no rule reads it; the dashboards have auditor_gpu_processes
         "processes": [()] * count,
     }
-    jobs, ranks = label("job"), label("rank")
+    jobs, ranks = label(C.JOB_LABEL), label("rank")
     answered = [n > 0 for n in figures["samples"]]
     if not all(answered):
         figures = {k: list(compress(v, answered)) for k, v in figures.items()}

@@ -173,7 +173,7 @@ def test_drain_returns_infos_steps_process_and_node_cpu(agent: NodeAgentCore) ->
 
 def test_metrics_endpoint_serves_the_ranks(agent: NodeAgentCore) -> None:
     url = agent.address()["metrics"]
-    rank0 = {"job": JOB, "node": NODE, "rank": "0", "local_rank": "0"}
+    rank0 = {"auditor_job": JOB, "node": NODE, "rank": "0", "local_rank": "0"}
     with connect(agent) as r0:
         r0.sendall(hello(0, 100) + steps(0, 4))
         wait_for(lambda: value(scrape(url), "auditor_rank_steps_total", **rank0) == 4)
@@ -193,8 +193,8 @@ def test_metrics_endpoint_serves_the_ranks(agent: NodeAgentCore) -> None:
         assert value(series, "auditor_rank_cpu_cores", process="main", **rank0) == (
             pytest.approx(1.2)
         )
-        assert value(series, "auditor_node_cpu_cores", job=JOB, node=NODE) == 4.0
-        assert value(series, "auditor_node_cpu_busy_cores", job=JOB, node=NODE) == 2.0
+        assert value(series, "auditor_node_cpu_cores", auditor_job=JOB, node=NODE) == 4.0
+        assert value(series, "auditor_node_cpu_busy_cores", auditor_job=JOB, node=NODE) == 2.0
 
     wait_for(lambda: value(scrape(url), "auditor_rank_up", **rank0) == 0)
 

@@ -142,7 +142,7 @@ def check_endpoint(url: str, node: str, uuids: set[str]) -> None:
             if fam.name.startswith("auditor_gpu_"):
                 per_gpu[s.labels["uuid"]] = per_gpu.get(s.labels["uuid"], 0) + 1
                 assert s.labels["model"] and s.labels["gpu"] in ("0", "1")
-                assert s.labels["job"] == "" and s.labels["rank"] == ""  # no rank owns them
+                assert s.labels["auditor_job"] == "" and s.labels["rank"] == ""  # no rank owns them
     assert set(per_gpu) == uuids
     assert max(per_gpu.values()) <= C.GPU_SERIES_BUDGET
     series = gpu_series(text)

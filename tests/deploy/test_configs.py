@@ -152,9 +152,10 @@ def test_promtool_accepts_the_example_targets(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("job", ["auditor-nodes", "auditor-serve"])
-def test_auditor_scrapes_honor_labels(job: str) -> None:
-    # The series' own `job` is the training job: without honor_labels it becomes exported_job.
-    assert _scrape_job(job).get("honor_labels") is True
+def test_auditor_scrapes_keep_the_default_honor_labels(job: str) -> None:
+    # The training job travels in `auditor_job`, which Prometheus does not reserve: `job` is the
+    # scrape job, and a default scrape config (honor_labels false) is all the auditor needs.
+    assert _scrape_job(job).get("honor_labels", False) is False
 
 
 def test_nodes_come_from_the_fleet_sd_file_and_the_example_is_not_scraped() -> None:
@@ -232,7 +233,7 @@ def test_routes_by_severity(labels: list[str], receiver: str) -> None:
 
 def test_grouping_and_exporter_down_inhibition() -> None:
     config = _load(AM_CONFIG)
-    assert config["route"]["group_by"] == ["alertname", "job", "node"]
+    assert config["route"]["group_by"] == ["alertname", "auditor_job", "job", "node"]
     (rule,) = config["inhibit_rules"]
     # Only a node endpoint's outage inhibits: `auditor serve`'s `up` has no node label, and
     # Alertmanager counts two missing labels as equal.
@@ -260,12 +261,15 @@ def test_a_real_alertmanager_routes_and_inhibits(tmp_path: Path) -> None:
             ("AuditorGpuUtilizationSpread", "train", None): ("active", ["chat"]),
         }
         crit, warn = {"severity": "critical"}, {"severity": "warning"}
+        idle = {"auditor_job": "train", "job": "auditor-nodes"}
         alerts = [
             {"alertname": "AuditorExporterDown", "job": "auditor-nodes", "node": "a", **crit},
             {"alertname": "AuditorExporterDown", "job": "auditor-serve", **crit},
-            {"alertname": "AuditorIdleAllocatedGpu", "job": "train", "node": "a", **warn},
-            {"alertname": "AuditorIdleAllocatedGpu", "job": "train", "node": "b", **warn},
-            {"alertname": "AuditorGpuUtilizationSpread", "job": "train", **warn},
+            # Training-job alerts carry the training job in auditor_job; a per-GPU alert keeps
+            # the scrape job of its series too.
+            {"alertname": "AuditorIdleAllocatedGpu", **idle, "node": "a", **warn},
+            {"alertname": "AuditorIdleAllocatedGpu", **idle, "node": "b", **warn},
+            {"alertname": "AuditorGpuUtilizationSpread", "auditor_job": "train", **warn},
         ]
         am.post_alerts(alerts)
         # The inhibitor learns of new alerts asynchronously: poll until the states settle.
@@ -275,7 +279,11 @@ def test_a_real_alertmanager_routes_and_inhibits(tmp_path: Path) -> None:
             got.clear()
             got.update(
                 {
-                    (a["labels"]["alertname"], a["labels"]["job"], a["labels"].get("node")): (
+                    (
+                        a["labels"]["alertname"],
+                        a["labels"].get("auditor_job", a["labels"].get("job", "")),
+                        a["labels"].get("node"),
+                    ): (
                         a["status"]["state"],
                         [r["name"] for r in a["receivers"]],
                     )
@@ -476,14 +484,14 @@ def test_raycluster_exposes_the_metrics_port_and_keeps_token_auth() -> None:
         assert ports.get("auditor-metrics") == 9411, container["name"]
 
 
-def test_podmonitor_scrapes_the_ray_pods_with_honor_labels() -> None:
+def test_podmonitor_scrapes_the_ray_pods_with_default_honor_labels() -> None:
     (cluster,) = _by_kind(KUBERAY / "raycluster.yaml")["RayCluster"]
     (monitor,) = _by_kind(KUBERAY / "podmonitor.yaml")["PodMonitor"]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     spec = monitor["spec"]
     assert spec["selector"]["matchLabels"] == {"ray.io/cluster": cluster["metadata"]["name"]}
     (endpoint,) = spec["podMetricsEndpoints"]
-    assert endpoint["honorLabels"] is True
+    assert endpoint.get("honorLabels", False) is False
     assert endpoint["port"] == "auditor-metrics"
     job = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
     assert [r["replacement"] for r in job] == ["auditor-nodes"]
@@ -510,7 +518,7 @@ def test_serve_manifests_fit_together() -> None:
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["honorLabels"] is True
+    assert endpoint.get("honorLabels", False) is False
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"][:2] == ["auditor", "serve"]

@@ -32,7 +32,7 @@ def _series(url: str) -> dict[tuple[str, str, str], float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if "rank" in s.labels and s.name.startswith("auditor_rank_"):
-                out[(s.name, s.labels["job"], s.labels["rank"])] = s.value
+                out[(s.name, s.labels["auditor_job"], s.labels["rank"])] = s.value
     return out
 
 

@@ -66,7 +66,7 @@ def test_metrics_served_while_the_job_runs(ray_address: str, tmp_path: Path) -> 
     ranks = {s.labels["rank"] for s in steps.samples if s.name.endswith("_total")}
     assert ranks == {"0", "1"}
     for s in steps.samples:
-        assert s.labels["job"] == "starved_rank"
+        assert s.labels["auditor_job"] == "starved_rank"
     phases = {
         s.labels["phase"]
         for s in families["auditor_rank_phase_seconds"].samples

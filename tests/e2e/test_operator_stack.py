@@ -3,9 +3,12 @@
 * a real ``auditor run`` of the starved example (torchrun, 2 ranks, gloo) exporting its ranks;
 * four ``auditor replay`` endpoints serving recorded GPU jobs (NVML-shaped samples with job and
   rank ownership, since this machine has no GPU);
-* Prometheus (Debian's package) scraping them every second with the shipped recording and alert
-  rules -- the alerts' ``for:`` shortened to 0 s, the one change, so the test does not wait
-  minutes (``promtool test rules`` covers the real durations) -- and sending alerts to
+* Prometheus (Debian's package) scraping them every second, with a default scrape config
+  (honor_labels left false, as an annotation-based scrape or a ServiceMonitor without honorLabels
+  has it: ``job`` is the scrape job, the training job is ``auditor_job``), with the shipped
+  recording and alert rules -- the alerts' ``for:`` shortened to 0 s, the one change, so the test
+  does not wait minutes (``promtool test rules`` covers the real durations) -- and sending alerts
+  to
 * Alertmanager (Debian's package);
 * ``auditor serve`` auditing every job from that Prometheus, scraped back by it.
 
@@ -189,14 +192,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> Iterato
                     ]
                 },
                 "scrape_configs": [
+                    # honor_labels left at its default (false): the training job must survive
+                    # a scrape that keeps `job` for the scrape job.
                     {
                         "job_name": "auditor-nodes",
-                        "honor_labels": True,
                         "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in node_ports]}],
                     },
                     {
                         "job_name": "auditor-serve",
-                        "honor_labels": True,
                         "static_configs": [{"targets": [f"127.0.0.1:{serve_port}"]}],
                     },
                 ],
@@ -282,12 +285,70 @@ def test_serve_finds_the_starved_rank(stack: Stack) -> None:
     # Prometheus scraped the finding back from serve, with its node.
     series = wait_for_service(
         lambda: stack.prometheus.query(
-            f'auditor_finding{{job="{STARVED}", kind="data_starvation", rank="1"}}'
+            f'auditor_finding{{job="auditor-serve", auditor_job="{STARVED}",'
+            ' kind="data_starvation", rank="1"}'
         ),
         timeout=30,
         what="auditor_finding in Prometheus",
     )
     assert series[0]["metric"]["node"]
+
+
+def test_a_default_scrape_keeps_the_training_job_in_auditor_job(stack: Stack) -> None:
+    """Prometheus scrapes the starved ``auditor run`` endpoint and ``auditor serve`` with
+    honor_labels at its default: ``job`` is the scrape job, the training job arrives intact in
+    ``auditor_job`` (nothing renamed to ``exported_*``), serve finds the starved rank from it and
+    the dashboards' job-filtered queries return it."""
+    config = yaml.safe_load((stack.workdir / "prometheus.yml").read_text())
+    assert all("honor_labels" not in job for job in config["scrape_configs"])
+
+    ranks = wait_for_service(
+        lambda: stack.prometheus.query(
+            f'auditor_rank_up{{job="auditor-nodes", auditor_job="{STARVED}"}} == 1'
+        ),
+        timeout=120,
+        what="the run's ranks in Prometheus under a default scrape",
+    )
+    assert sorted(s["metric"]["rank"] for s in ranks) == ["0", "1"]
+    assert not stack.prometheus.query('count({exported_job!=""})')
+    assert not stack.prometheus.query('count({exported_auditor_job!=""})')
+
+    # serve reads the training job from auditor_job and blames rank 1 of it ...
+    def starved() -> dict[str, Any] | None:
+        job = _job(stack, STARVED)
+        return job if job and "data_starvation" in _kinds(job) else None
+
+    job = wait_for_service(starved, timeout=240, what="serve's data_starvation finding", every=2)
+    assert [f["ranks"] for f in job["findings"] if f["kind"] == "data_starvation"] == [[1]]
+    # ... and its own series, scraped back, keep the training job next to the scrape job.
+    found = wait_for_service(
+        lambda: stack.prometheus.query(
+            f'auditor_finding{{job="auditor-serve", auditor_job="{STARVED}",'
+            ' kind="data_starvation", rank="1"}'
+        ),
+        timeout=30,
+        what="serve's auditor_finding in Prometheus",
+    )
+    assert found[0]["metric"]["node"]
+
+    # The job dashboard, filtered on the starved job, shows its ranks' data-wait share.
+    board = json.loads((REPO / "dashboards/auditor-job.json").read_text())
+    values = {"job": STARVED, "node": "All", "rank": "All", "serve_url": stack.serve_url}
+    answered = [
+        title for title, expr in queries(board) if stack.prometheus.query(substitute(expr, values))
+    ]
+    assert answered, "no job-dashboard query returns the starved job"
+    waits = wait_for_service(
+        lambda: [
+            s
+            for title, expr in queries(board)
+            if "data_wait" in expr
+            for s in stack.prometheus.query(substitute(expr, values))
+        ],
+        timeout=60,
+        what="the job dashboard's data-wait series of the starved job",
+    )
+    assert {s["metric"].get("auditor_job") for s in waits} <= {STARVED, None}
 
 
 def test_the_live_verdict_and_serve_agree_on_the_live_job(stack: Stack) -> None:
@@ -340,7 +401,7 @@ def test_the_data_starved_alert_reaches_alertmanager(stack: Stack) -> None:
             a
             for a in stack.alertmanager.alerts()
             if a["labels"].get("alertname") == "AuditorDataStarvedRank"
-            and a["labels"].get("job") == STARVED
+            and a["labels"].get("auditor_job") == STARVED
         ]
 
     alerts = wait_for_service(
@@ -355,7 +416,7 @@ def test_the_data_starved_alert_reaches_alertmanager(stack: Stack) -> None:
             a
             for a in stack.alertmanager.alerts()
             if a["labels"].get("alertname") == "AuditorCriticalFinding"
-            and a["labels"].get("job") == STARVED
+            and a["labels"].get("auditor_job") == STARVED
         ],
         timeout=60,
         what="AuditorCriticalFinding in Alertmanager",
@@ -434,7 +495,7 @@ def test_every_alert_expression_selects_real_series(stack: Stack) -> None:
     for a in stack.prometheus.alerts():
         labels = a["labels"]
         by_name.setdefault(labels["alertname"], set()).add(
-            (labels.get("job", ""), labels.get("node", ""))
+            (labels.get("auditor_job", ""), labels.get("node", ""))
         )
     assert by_name.get("AuditorUnderusedMultiGpuNode") == {
         ("input_bound_4gpu", "replay-input_bound_4gpu")
@@ -486,7 +547,7 @@ def test_serve_reads_one_micro_batch_a_step_of_a_job_without_accumulation(stack:
         return {
             s["metric"]["rank"]: float(s["value"][1])
             for s in stack.prometheus.query(exprs[key])
-            if s["metric"].get("job") == STARVED
+            if s["metric"].get("auditor_job") == STARVED
         }
 
     def both() -> tuple[dict[str, float], dict[str, float]] | None:

@@ -74,7 +74,7 @@ def check_scrape(target: str, node: str) -> None:
     )
     cores = families["auditor_node_cpu_cores"].samples
     assert cores and {s.labels["node"] for s in cores} == {node}
-    assert {s.labels["job"] for s in cores} == {JOB}
+    assert {s.labels["auditor_job"] for s in cores} == {JOB}
 
 
 @pytest.fixture
@@ -87,7 +87,6 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[Prometheus, Path]]:
         "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
         "scrape_configs:\n"
         "  - job_name: auditor-nodes\n"
-        "    honor_labels: true\n"
         "    file_sd_configs:\n"
         f"      - files: ['{targets}/auditor-*.json']\n"
         "        refresh_interval: 1s\n"
@@ -120,8 +119,9 @@ def test_listed_while_running_scraped_by_prometheus_and_removed_at_the_end(
     try:
         target, node = check_entry(listed(sd, proc, log))
         check_scrape(target, node)
-        # Prometheus finds it through the file and scrapes it: up, and the auditor's series with
-        # the target label auditor_job next to the scraped job (honor_labels keeps the latter).
+        # Prometheus finds it through the file and scrapes it (honor_labels at its default, as
+        # deploy/ configures it): up, and the auditor's series with the training job in
+        # auditor_job (the target label and the series' own agree) and the scrape job in job.
         wait_for_service(
             lambda: server.query(f'up{{job="auditor-nodes",auditor_job="{JOB}"}} == 1'),
             timeout=60,
@@ -129,7 +129,8 @@ def test_listed_while_running_scraped_by_prometheus_and_removed_at_the_end(
             every=0.2,
         )
         series = server.query(f'auditor_node_cpu_cores{{auditor_job="{JOB}"}}')
-        assert series and series[0]["metric"]["job"] == JOB
+        assert series and series[0]["metric"]["job"] == "auditor-nodes"
+        assert series[0]["metric"]["auditor_job"] == JOB
         assert series[0]["metric"]["node"] == node
         assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:

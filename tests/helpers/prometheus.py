@@ -44,8 +44,8 @@ def job_answers(
 
     for rank in (0, 1):
         node = NODES[rank]
-        base = {"job": job, "node": node, "rank": str(rank), "local_rank": "0"}
-        key = {"job": job, "rank": str(rank)}
+        base = {"auditor_job": job, "node": node, "rank": str(rank), "local_rank": "0"}
+        key = {"auditor_job": job, "rank": str(rank)}
         is_starved = rank == starved
         wait = 0.005 if is_starved else 0.15  # at the all-reduce
         phases = {
@@ -86,7 +86,7 @@ def job_answers(
         put(sub_key("cpu", "workers"), key, 0.95 if is_starved else 0.4)
         put("workers", key, 1.0)
     for node in NODES.values():
-        labels = {"job": job, "node": node}
+        labels = {"auditor_job": job, "node": node}
         put("node_cores", labels, 32.0)
         put("node_busy", labels, 4.0)
         put("node_load", labels, 3.5)

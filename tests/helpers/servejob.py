@@ -124,9 +124,9 @@ def answers(
     figures = job_figures(ranks, scrape_s=scrape_s, now=now, seed=seed)
     for f in figures:
         rank = str(f.rank)
-        base = {"job": JOB, "node": f.node, "rank": rank, "local_rank": str(f.local)}
+        base = {"auditor_job": JOB, "node": f.node, "rank": rank, "local_rank": str(f.local)}
         # Figures come back aggregated by the labels the service reads (see queries()).
-        key = {"job": JOB, "rank": rank}
+        key = {"auditor_job": JOB, "rank": rank}
         n = f.steps
         put(
             "rank_info",
@@ -165,7 +165,7 @@ def answers(
             "gpu": str(f.local),
             "uuid": f.uuid,
             "model": "NVIDIA H200",
-            "job": JOB,
+            "auditor_job": JOB,
             "rank": rank,
         }
         put("gpu_up", gpu, 1.0)
@@ -196,7 +196,7 @@ def answers(
             if figure in out:  # a figure the queries no longer ask for is not answered
                 put(figure, uuid, value)
     for node in sorted({f.node for f in figures}):
-        labels = {"job": JOB, "node": node}
+        labels = {"auditor_job": JOB, "node": node}
         put("node_cores", labels, 96.0)
         put("node_busy", labels, 30.0)
         put("node_load", labels, 28.0)

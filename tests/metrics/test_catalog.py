@@ -141,18 +141,18 @@ def test_labels_from_vocabulary(metric: MetricSpec) -> None:
 @pytest.mark.parametrize("metric", CATALOG, ids=NAMES)
 def test_scope_labels(metric: MetricSpec) -> None:
     if metric.name.startswith("auditor_rank_"):
-        assert metric.labels[:4] == ("job", "node", "rank", "local_rank")
+        assert metric.labels[:4] == ("auditor_job", "node", "rank", "local_rank")
     elif metric.name.startswith("auditor_node_"):
-        assert metric.labels[:2] == ("job", "node")
+        assert metric.labels[:2] == ("auditor_job", "node")
     elif metric.name.startswith("auditor_gpu_"):
-        assert metric.labels[:6] == ("node", "gpu", "uuid", "model", "job", "rank")
+        assert metric.labels[:6] == ("node", "gpu", "uuid", "model", "auditor_job", "rank")
     elif metric.name.startswith("auditor_job_"):
-        assert metric.labels == ("job",)
+        assert metric.labels == ("auditor_job",)
     elif metric.name.startswith("auditor_serve_"):
         assert metric.labels == ()  # the service's own health: one series per service
     else:
         assert metric.name.startswith("auditor_finding")
-        assert {"job", "kind", "rank"} <= set(metric.labels)
+        assert {"auditor_job", "kind", "rank"} <= set(metric.labels)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ def test_gpu_metrics_are_gauges(metric: MetricSpec) -> None:
 def test_rank_info_shape() -> None:
     assert C.RANK_INFO.type == "gauge"
     assert C.RANK_INFO.labels == (
-        "job",
+        "auditor_job",
         "node",
         "rank",
         "local_rank",

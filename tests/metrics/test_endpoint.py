@@ -43,17 +43,21 @@ def test_batches_and_findings_are_served_as_judged(endpoint: RunEndpoint) -> Non
     )
     endpoint.add(Batch(infos=infos, steps=steps))
     series = scrape(endpoint.url)
-    rank1 = {"job": JOB, "node": NODE, "rank": "1"}
+    rank1 = {"auditor_job": JOB, "node": NODE, "rank": "1"}
     assert value(series, "auditor_rank_up", **rank1) == 1
     assert value(series, "auditor_rank_samples_total", **rank1) == 24
-    assert value(series, "auditor_finding", job=JOB, kind="data_starvation") is None
+    assert value(series, "auditor_finding", auditor_job=JOB, kind="data_starvation") is None
 
     endpoint.set_findings([starved()])  # the verdict just judged: served at the next scrape
     series = scrape(endpoint.url)
-    labels = {"job": JOB, "kind": "data_starvation", "rank": "1", "severity": "warning"}
+    labels = {"auditor_job": JOB, "kind": "data_starvation", "rank": "1", "severity": "warning"}
     assert value(series, "auditor_finding", **labels) == 1
     assert value(
-        series, "auditor_finding_predicted_speedup", job=JOB, kind="data_starvation", rank="1"
+        series,
+        "auditor_finding_predicted_speedup",
+        auditor_job=JOB,
+        kind="data_starvation",
+        rank="1",
     ) == pytest.approx(1.3)
 
     endpoint.add(Batch(ended=(0, 1)))  # samples after the verdict never drop it

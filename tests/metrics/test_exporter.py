@@ -217,7 +217,7 @@ def key(name: str, **labels: str) -> Key:
 
 
 def r(rank: int, **extra: str) -> dict[str, str]:
-    return {"job": JOB, "node": NODE, "rank": str(rank), "local_rank": str(rank), **extra}
+    return {"auditor_job": JOB, "node": NODE, "rank": str(rank), "local_rank": str(rank), **extra}
 
 
 EXPECTED: list[tuple[str, dict[str, str], float]] = [
@@ -279,13 +279,13 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
         r(1, pin_memory="false", persistent_workers="false", prefetch_factor="", batch_size="16"),
         1,
     ),
-    ("auditor_node_cpu_cores", {"job": JOB, "node": NODE}, 16.0),
-    ("auditor_node_cpu_busy_cores", {"job": JOB, "node": NODE}, 3.5),
-    ("auditor_node_load1", {"job": JOB, "node": NODE}, 2.25),
+    ("auditor_node_cpu_cores", {"auditor_job": JOB, "node": NODE}, 16.0),
+    ("auditor_node_cpu_busy_cores", {"auditor_job": JOB, "node": NODE}, 3.5),
+    ("auditor_node_load1", {"auditor_job": JOB, "node": NODE}, 2.25),
     (
         "auditor_finding",
         {
-            "job": JOB,
+            "auditor_job": JOB,
             "kind": "compute_straggler",
             "rank": "1",
             "node": NODE,
@@ -295,12 +295,18 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
     ),
     (
         "auditor_finding",
-        {"job": JOB, "kind": "utilization_imbalance", "rank": "", "node": "", "severity": "info"},
+        {
+            "auditor_job": JOB,
+            "kind": "utilization_imbalance",
+            "rank": "",
+            "node": "",
+            "severity": "info",
+        },
         1,
     ),
     (
         "auditor_finding_predicted_speedup",
-        {"job": JOB, "kind": "compute_straggler", "rank": "1"},
+        {"auditor_job": JOB, "kind": "compute_straggler", "rank": "1"},
         1.5,
     ),
 ]
@@ -421,7 +427,7 @@ def test_empty_state_renders_nothing() -> None:
 def test_node_label_defaults_to_exporter_node() -> None:
     info = RankInfo(rank=3, world_size=4, local_rank=1)  # host unknown
     series = parse(render_text(ExportState(job=JOB, node="fallback", infos={3: info})))
-    labels = {"job": JOB, "node": "fallback", "rank": "3", "local_rank": "1"}
+    labels = {"auditor_job": JOB, "node": "fallback", "rank": "3", "local_rank": "1"}
     assert series[key("auditor_rank_up", **labels)] == 1
 
 
@@ -465,7 +471,7 @@ def test_exporter_spells_no_metric_name() -> None:
 
 
 def test_info_type_family() -> None:
-    metric = MetricSpec("auditor_build_info", "info", "", "Build.", ("job",))
+    metric = MetricSpec("auditor_build_info", "info", "", "Build.", ("auditor_job",))
     family = family_for(metric)
     assert isinstance(family, InfoMetricFamily)
     family.add_metric([JOB], {})
@@ -527,8 +533,8 @@ def test_a_fleet_agent_exports_the_ranks_of_several_jobs() -> None:
     )
     series = parse(render_text(apply_batch(state, batch)))
     base = {"node": NODE, "rank": "0", "local_rank": "0"}
-    assert series[key("auditor_rank_steps_total", job="train", **base)] == 1
-    assert series[key("auditor_rank_steps_total", job="eval", **base)] == 2
-    assert series[key("auditor_rank_step_seconds_total", job="eval", **base)] == 0.5
-    assert series[key("auditor_node_cpu_cores", job="", node=NODE)] == 8
+    assert series[key("auditor_rank_steps_total", auditor_job="train", **base)] == 1
+    assert series[key("auditor_rank_steps_total", auditor_job="eval", **base)] == 2
+    assert series[key("auditor_rank_step_seconds_total", auditor_job="eval", **base)] == 0.5
+    assert series[key("auditor_node_cpu_cores", auditor_job="", node=NODE)] == 8
     assert not [k for k in series if dict(k[1]).get("rank") == "1"]

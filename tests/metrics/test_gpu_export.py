@@ -76,7 +76,14 @@ def parse(text: str) -> dict[Key, float]:
 
 
 def gpu_labels(index: int = 0, uuid: str = UUID0, *, job: str = "", rank: str = "") -> dict:
-    return {"node": NODE, "gpu": str(index), "uuid": uuid, "model": MODEL, "job": job, "rank": rank}
+    return {
+        "node": NODE,
+        "gpu": str(index),
+        "uuid": uuid,
+        "model": MODEL,
+        "auditor_job": job,
+        "rank": rank,
+    }
 
 
 def key(name: str, **labels: str) -> Key:

@@ -27,9 +27,9 @@ VECTOR = {
     "data": {
         "resultType": "vector",
         "result": [
-            {"metric": {"job": "train", "rank": "0"}, "value": [1700000000.5, "0.25"]},
-            {"metric": {"job": "train", "rank": "1"}, "value": [1700000000.5, "NaN"]},
-            {"metric": {"job": "train", "rank": "2"}, "value": [1700000000.5, "+Inf"]},
+            {"metric": {"auditor_job": "train", "rank": "0"}, "value": [1700000000.5, "0.25"]},
+            {"metric": {"auditor_job": "train", "rank": "1"}, "value": [1700000000.5, "NaN"]},
+            {"metric": {"auditor_job": "train", "rank": "2"}, "value": [1700000000.5, "+Inf"]},
         ],
     },
 }
@@ -39,10 +39,10 @@ MATRIX = {
         "resultType": "matrix",
         "result": [
             {
-                "metric": {"__name__": "auditor_rank_up", "job": "train", "rank": "0"},
+                "metric": {"__name__": "auditor_rank_up", "auditor_job": "train", "rank": "0"},
                 "values": [[1700000000, "1"], [1700000015, "1"], [1700000030, "0"]],
             },
-            {"metric": {"job": "train", "rank": "1"}, "values": []},
+            {"metric": {"auditor_job": "train", "rank": "1"}, "values": []},
         ],
     },
 }
@@ -155,9 +155,9 @@ def test_vector_answer_parses_labels_times_and_special_values(prom: FakePromethe
     client = PrometheusClient(prom.url)
     series = client.query("vector")
     assert [s.labels for s in series] == [
-        {"job": "train", "rank": "0"},
-        {"job": "train", "rank": "1"},
-        {"job": "train", "rank": "2"},
+        {"auditor_job": "train", "rank": "0"},
+        {"auditor_job": "train", "rank": "1"},
+        {"auditor_job": "train", "rank": "2"},
     ]
     assert series[0].samples == ((1700000000.5, 0.25),)
     assert series[0].last == (1700000000.5, 0.25)
@@ -168,7 +168,7 @@ def test_vector_answer_parses_labels_times_and_special_values(prom: FakePromethe
 
 def test_matrix_answer_keeps_every_raw_sample_oldest_first(prom: FakePrometheus) -> None:
     series = PrometheusClient(prom.url).query("matrix")
-    assert series[0].labels == {"__name__": "auditor_rank_up", "job": "train", "rank": "0"}
+    assert series[0].labels == {"__name__": "auditor_rank_up", "auditor_job": "train", "rank": "0"}
     assert series[0].samples == ((1700000000.0, 1.0), (1700000015.0, 1.0), (1700000030.0, 0.0))
     assert series[0].last == (1700000030.0, 0.0)
     assert series[1].samples == ()
@@ -191,7 +191,11 @@ def test_request_is_a_form_post_with_query_time_and_timeout(prom: FakePrometheus
 
 def test_long_selectors_travel_in_the_body(prom: FakePrometheus) -> None:
     """A 4,096-rank selector would not fit in a URL; the body carries it, encoded."""
-    expr = 'max by (job, rank) (auditor_rank_up{rank=~"' + "|".join(map(str, range(4096))) + '"})'
+    expr = (
+        'max by (auditor_job, rank) (auditor_rank_up{rank=~"'
+        + "|".join(map(str, range(4096)))
+        + '"})'
+    )
     prom.answers[expr] = _json(VECTOR)
     PrometheusClient(prom.url).query(expr)
     assert prom.forms[-1]["query"] == [expr]

@@ -271,10 +271,12 @@ def test_job_defaults_to_the_recording_and_can_be_overridden() -> None:
     assert play(small_recording(job="rec")).state.job == "rec"
     text = scrape_state(play(small_recording(job="rec"), job="demo").state)
     series = parse(text)
-    assert 'job="rec"' not in text
-    assert values(series, "auditor_gpu_utilization_ratio", uuid="GPU-a", job="demo", rank="0")
-    assert values(series, "auditor_gpu_utilization_ratio", uuid="GPU-c", job="", rank="")
-    assert values(series, "auditor_rank_steps_total", job="demo", rank="1") == [5.0]
+    assert 'auditor_job="rec"' not in text
+    assert values(
+        series, "auditor_gpu_utilization_ratio", uuid="GPU-a", auditor_job="demo", rank="0"
+    )
+    assert values(series, "auditor_gpu_utilization_ratio", uuid="GPU-c", auditor_job="", rank="")
+    assert values(series, "auditor_rank_steps_total", auditor_job="demo", rank="1") == [5.0]
 
 
 def test_one_node_per_endpoint() -> None:
@@ -425,15 +427,15 @@ def test_served_replay_scraped_over_http(tmp_path: Path) -> None:
         if name == "auditor_gpu_utilization_ratio"
     }
     assert sorted(util) == ["0", "1", "2", "3"]
-    assert [(util[g]["job"], util[g]["rank"]) for g in "0123"] == [
+    assert [(util[g]["auditor_job"], util[g]["rank"]) for g in "0123"] == [
         (job, "0"),
         (job, "1"),
         ("", ""),  # PID 39127 holds memory on GPU 2 but is no rank of the job
         ("", ""),
     ]
     assert all(u["node"] == "gpu-node-07" for u in util.values())
-    steps1 = values(series, "auditor_rank_steps_total", job=job, rank="0")
-    steps2 = values(parse(second), "auditor_rank_steps_total", job=job, rank="0")
+    steps1 = values(series, "auditor_rank_steps_total", auditor_job=job, rank="0")
+    steps2 = values(parse(second), "auditor_rank_steps_total", auditor_job=job, rank="0")
     assert steps1 and steps2 and steps2[0] > steps1[0]
     # Shifted to now: near the wall clock and none of the recorded times.
     ts = values(parse(second), "auditor_rank_last_step_timestamp_seconds", rank="0")[0]

@@ -122,15 +122,17 @@ def test_alert_rule_rejects_bad_severity_and_duration() -> None:
     [
         ("auditor_gpu_up == 0", {"auditor_gpu_up"}),
         (
-            'max by (job) (auditor:rank_phase:ratio1m{phase="data_wait"}) and auditor_rank_up',
+            'max by (auditor_job) (auditor:rank_phase:ratio1m{phase="data_wait"})'
+            " and auditor_rank_up",
             {"auditor:rank_phase:ratio1m", "auditor_rank_up"},
         ),
+        ('auditor_job_ranks{auditor_job!=""} and on (auditor_job) x', {"auditor_job_ranks"}),
         ("rate(auditor_rank_steps_total[1m])", {"auditor_rank_steps_total"}),
         ('up{job=~"auditor-nodes|auditor-serve"} == 0', set()),
         ("my_auditor_gpu_up + xauditor:foo", set()),
         (
-            '{{ with printf "max(auditor_finding_predicted_speedup{job=%q})" $labels.job'
-            " | query }}",
+            '{{ with printf "max(auditor_finding_predicted_speedup{auditor_job=%q})"'
+            " $labels.auditor_job | query }}",
             {"auditor_finding_predicted_speedup"},
         ),
     ],

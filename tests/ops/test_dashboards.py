@@ -178,12 +178,13 @@ def test_variables(boards: dict[str, dict[str, Any]]) -> None:
         assert ds["type"] == "datasource" and ds["query"] == "prometheus"
         job = variables["job"]
         assert (
-            job["type"] == "query" and job["definition"] == "label_values(auditor_rank_info, job)"
+            job["type"] == "query"
+            and job["definition"] == "label_values(auditor_rank_info, auditor_job)"
         )
         assert job["multi"] and job["includeAll"] and job["allValue"] == ".*"
         assert job["datasource"] == DATASOURCE
         rank = variables["rank"]
-        assert rank["definition"] == 'label_values(auditor_rank_info{job=~"$job"}, rank)'
+        assert rank["definition"] == 'label_values(auditor_rank_info{auditor_job=~"$job"}, rank)'
         assert "$job" in variables["node"]["definition"]
         serve = variables["serve_url"]
         assert serve["type"] == "textbox" and serve["query"] == SERVE_URL_DEFAULT
@@ -282,7 +283,7 @@ def test_cluster_overview_panels(boards: dict[str, dict[str, Any]]) -> None:
     finding, speedup = exprs(findings)
     assert metric_names(finding) == {C.FINDING.name}
     assert C.FINDING_PREDICTED_SPEEDUP.name in metric_names(speedup)
-    for label in ("job", "kind", "rank", "node", "severity"):
+    for label in ("auditor_job", "kind", "rank", "node", "severity"):
         assert label in finding
     assert "merge" in [t["id"] for t in findings["transformations"]]
 
@@ -479,8 +480,8 @@ def test_breakdown_queries_evaluate_as_intended(tmp_path: Path) -> None:
             {"groups": [{"name": "rec", "rules": [r.to_dict() for r in R.RECORDING_RULES]}]}
         )
     )
-    r0 = {"job": "j", "node": "n1", "rank": "0", "local_rank": "0"}
-    r1 = {"job": "j", "node": "n1", "rank": "1", "local_rank": "1"}
+    r0 = {"auditor_job": "j", "node": "n1", "rank": "0", "local_rank": "0"}
+    r1 = {"auditor_job": "j", "node": "n1", "rank": "1", "local_rank": "1"}
     # One step per 15 s scrape; seconds per step: backward 0.5, then 0.25 of collective wait.
     series = [
         (C.RANK_STEPS_TOTAL.name, r0, "0+1x40"),
@@ -490,8 +491,12 @@ def test_breakdown_queries_evaluate_as_intended(tmp_path: Path) -> None:
         (C.RANK_STEPS_TOTAL.name, r1, "0+1x40"),
         (C.RANK_PHASE_SECONDS_TOTAL.name, {**r1, "phase": "backward"}, "0+0.5x40"),
         # Another job: the job filter keeps it out.
-        (C.RANK_STEPS_TOTAL.name, {**r0, "job": "other"}, "0+1x40"),
-        (C.RANK_PHASE_SECONDS_TOTAL.name, {**r0, "job": "other", "phase": "backward"}, "0+1x40"),
+        (C.RANK_STEPS_TOTAL.name, {**r0, "auditor_job": "other"}, "0+1x40"),
+        (
+            C.RANK_PHASE_SECONDS_TOTAL.name,
+            {**r0, "auditor_job": "other", "phase": "backward"},
+            "0+1x40",
+        ),
     ]
     mean = R.RANK_PHASE_SECONDS_MEAN.record
     values = {"job": "j", "rank": "All"}
@@ -553,7 +558,7 @@ def test_findings_table_queries_join_on_job_kind_rank(tmp_path: Path) -> None:
         (
             C.FINDING.name,
             {
-                "job": "j",
+                "auditor_job": "j",
                 "kind": "data_starvation",
                 "rank": "1",
                 "node": "n1",
@@ -563,15 +568,21 @@ def test_findings_table_queries_join_on_job_kind_rank(tmp_path: Path) -> None:
         (
             C.FINDING.name,
             {
-                "job": "j",
+                "auditor_job": "j",
                 "kind": "compute_straggler",
                 "rank": "2",
                 "node": "n2",
                 "severity": "critical",
             },
         ),
-        (C.FINDING_PREDICTED_SPEEDUP.name, {"job": "j", "kind": "data_starvation", "rank": "1"}),
-        (C.FINDING_PREDICTED_SPEEDUP.name, {"job": "j", "kind": "compute_straggler", "rank": "2"}),
+        (
+            C.FINDING_PREDICTED_SPEEDUP.name,
+            {"auditor_job": "j", "kind": "data_starvation", "rank": "1"},
+        ),
+        (
+            C.FINDING_PREDICTED_SPEEDUP.name,
+            {"auditor_job": "j", "kind": "compute_straggler", "rank": "2"},
+        ),
     ]
     tests = {
         "evaluation_interval": "15s",
@@ -611,7 +622,7 @@ def test_findings_table_queries_join_on_job_kind_rank(tmp_path: Path) -> None:
 # Label values for a small, complete cluster: one job "j" with two ranks on node "n1", each rank
 # owning one GPU, and a finding against rank 1.
 _LABEL_VALUES: dict[str, tuple[str, ...]] = {
-    "job": ("j",),
+    "auditor_job": ("j",),
     "node": ("n1",),
     "device": ("cuda",),
     "parallel_mode": ("ddp",),

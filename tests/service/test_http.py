@@ -208,27 +208,36 @@ def metrics_text(service: Service) -> str:
 def test_metrics_has_exactly_the_findings_series(service: Service) -> None:
     series = samples(metrics_text(service))
     assert of(series, "auditor_finding") == {
-        labels(job=JOB, kind="data_starvation", rank="1", node="node-b", severity="critical"): 1,
-        labels(job=JOB, kind="hardware_straggler", rank="0", node="node-a", severity="warning"): 1,
-        labels(job=JOB, kind="hardware_straggler", rank="2", node="node-c", severity="warning"): 1,
-        labels(job=JOB, kind="memory_headroom", rank="", node="", severity="info"): 1,
+        labels(
+            auditor_job=JOB, kind="data_starvation", rank="1", node="node-b", severity="critical"
+        ): 1,
+        labels(
+            auditor_job=JOB, kind="hardware_straggler", rank="0", node="node-a", severity="warning"
+        ): 1,
+        labels(
+            auditor_job=JOB, kind="hardware_straggler", rank="2", node="node-c", severity="warning"
+        ): 1,
+        labels(auditor_job=JOB, kind="memory_headroom", rank="", node="", severity="info"): 1,
     }
     assert of(series, "auditor_finding_predicted_speedup") == {
-        labels(job=JOB, kind="data_starvation", rank="1"): 4.2,
-        labels(job=JOB, kind="hardware_straggler", rank="0"): 1.2,
-        labels(job=JOB, kind="hardware_straggler", rank="2"): 1.2,
+        labels(auditor_job=JOB, kind="data_starvation", rank="1"): 4.2,
+        labels(auditor_job=JOB, kind="hardware_straggler", rank="0"): 1.2,
+        labels(auditor_job=JOB, kind="hardware_straggler", rank="2"): 1.2,
     }
 
 
 def test_metrics_has_the_per_job_series(service: Service) -> None:
     series = samples(metrics_text(service))
-    assert of(series, "auditor_job_ranks") == {labels(job=JOB): 3, labels(job="quiet"): 1}
+    assert of(series, "auditor_job_ranks") == {
+        labels(auditor_job=JOB): 3,
+        labels(auditor_job="quiet"): 1,
+    }
     assert of(series, "auditor_job_predicted_speedup") == {
-        labels(job=JOB): 4.2,
-        labels(job="quiet"): 1.0,
+        labels(auditor_job=JOB): 4.2,
+        labels(auditor_job="quiet"): 1.0,
     }
     # A job of one rank has no imbalance: no series rather than a made-up 0.
-    assert of(series, "auditor_job_imbalance_ratio") == {labels(job=JOB): 0.59}
+    assert of(series, "auditor_job_imbalance_ratio") == {labels(auditor_job=JOB): 0.59}
 
 
 def test_metrics_has_the_service_health(service: Service) -> None:

@@ -48,7 +48,7 @@ def rank_answers(
 ) -> None:
     """One rank as its endpoint exports it, aggregated over the window (``micro_batches``: the
     DataLoader batches per step; None: an endpoint that does not export them)."""
-    key = {"job": job, "rank": str(rank)}
+    key = {"auditor_job": job, "rank": str(rank)}
     full = {**key, "node": node, "local_rank": str(rank)}
     put(answers, "rank_info", {**full, "device": f"cuda:{rank}", "parallel_mode": "ddp",
                                "world_size": "2"}, 1)  # fmt: skip
@@ -83,8 +83,8 @@ def gpu_answers(
     util: float = 0.9,
     reasons: dict[str, float] | None = None,
 ) -> None:
-    labels = {"node": node, "gpu": str(index), "uuid": uuid, "model": "NVIDIA H200", "job": job,
-              "rank": rank}  # fmt: skip
+    labels = {"node": node, "gpu": str(index), "uuid": uuid, "model": "NVIDIA H200",
+              "auditor_job": job, "rank": rank}  # fmt: skip
     put(answers, "gpu_up", labels, 1)
     u = {"uuid": uuid}
     for key, value in (
@@ -118,7 +118,7 @@ def two_ranks() -> dict[str, list[Series]]:
     answers: dict[str, list[Series]] = {}
     rank_answers(answers, 0, phases=WAITING)
     rank_answers(answers, 1, phases=STARVED)
-    node = {"job": JOB, "node": NODE}
+    node = {"auditor_job": JOB, "node": NODE}
     for key, value in (
         ("node_cores", 16),
         ("node_busy", 4),
@@ -221,14 +221,14 @@ def test_gradient_accumulation_reaches_the_batch_advice() -> None:
 def test_no_step_in_the_window_gives_no_sample() -> None:
     answers = two_ranks()
     answers["steps"] = [s for s in answers["steps"] if s.labels["rank"] != "1"]
-    answers["steps"].append(Series({"job": JOB, "rank": "1"}, ((NOW, 0.0),)))
+    answers["steps"].append(Series({"auditor_job": JOB, "rank": "1"}, ((NOW, 0.0),)))
     snap = build_snapshots(answers, NOW, WINDOW)[JOB]
     assert snap.ranks[1].steps == ()
 
 
 def test_nan_answers_are_ignored() -> None:
     answers = two_ranks()
-    put(answers, sub_key("memory", "allocated"), {"job": JOB, "rank": "0"}, math.nan)
+    put(answers, sub_key("memory", "allocated"), {"auditor_job": JOB, "rank": "0"}, math.nan)
     (step,) = build_snapshots(answers, NOW, WINDOW)[JOB].ranks[0].steps
     assert step.mem_allocated_bytes is None
 
@@ -293,7 +293,8 @@ def test_every_query_names_catalog_metrics_and_parses(tmp_path: Path) -> None:
         "gpu_up",
     } <= set(exprs)
     for key, expr in exprs.items():
-        names = set(re.findall(r"\bauditor_[a-z0-9_]+", expr))
+        # auditor_job is the training job's label, not a metric.
+        names = set(re.findall(r"\bauditor_[a-z0-9_]+", expr)) - {C.JOB_LABEL}
         assert names and names <= set(C.BY_NAME), (key, names)
     promtool = require_tool("promtool")
     rules = {
@@ -317,7 +318,7 @@ def test_a_fleet_agents_node_cpu_counts_for_every_job_there() -> None:
     rank_answers(answers, 0, job="other", node="node-b")
     for node, cores in ((NODE, 99), ("node-b", 32)):
         for key, value in (("node_cores", cores), ("node_busy", 4), ("node_samples", 12)):
-            put(answers, key, {"job": "", "node": node}, value)
+            put(answers, key, {"auditor_job": "", "node": node}, value)
     snaps = build_snapshots(answers, NOW, WINDOW)
     assert [(n.host, n.cores) for n in snaps[JOB].nodes] == [(NODE, 16)]  # its own endpoint's
     assert [(n.host, n.cores) for n in snaps["other"].nodes] == [("node-b", 32)]
@@ -346,7 +347,7 @@ def test_stats_and_objects_equal_the_reductions_and_constructors() -> None:
     for process in C.CPU_PROCESSES:
         key = sub_key("cpu", process)
         answers[key] = [s for s in answers[key] if s.labels["rank"] != "3"]
-    put(answers, sub_key("memory", "allocated"), {"job": JOB, "rank": "0"}, math.nan)
+    put(answers, sub_key("memory", "allocated"), {"auditor_job": JOB, "rank": "0"}, math.nan)
     _built_alike(build_snapshots(answers, NOW, WINDOW)[JOB])
     big = servejob.answers(64, scrape_s=15.0, now=NOW)
     _built_alike(build_snapshots(big, NOW, servejob.WINDOW_S)[servejob.JOB])

@@ -298,7 +298,7 @@ def test_a_bug_in_the_analysis_is_logged_once_with_a_traceback(
             "resultType": "vector",
             "result": [
                 {
-                    "metric": {"job": "train", "rank": "0", "world_size": ["2"]},
+                    "metric": {"auditor_job": "train", "rank": "0", "world_size": ["2"]},
                     "value": [T0, "1"],
                 }
             ],
@@ -337,7 +337,10 @@ def test_run_returns_once_stopped(trouble: str) -> None:
     elif trouble == "bug":
         fake.raw["steps"] = {
             "status": "success",
-            "data": {"resultType": "matrix", "result": [{"metric": {"job": "x"}, "values": []}]},
+            "data": {
+                "resultType": "matrix",
+                "result": [{"metric": {"auditor_job": "x"}, "values": []}],
+            },
         }
     stop = threading.Event()
     fake.on_evaluation = lambda n: stop.set() if n == 3 else None
