@@ -10,6 +10,7 @@ and the state of every node of a job that spans several.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from auditor.analysis import SampleStore, analyze
@@ -17,8 +18,82 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
 from auditor.report.json_report import make_report
 from auditor.report.model import DeadRank as DeadRank
-from auditor.report.model import Report
+from auditor.report.model import Report, ReportFinding
 from auditor.samples import Batch
+
+Overrides = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verdict on one job's window: what every path shows (``auditor run``'s live panel and
+    final report, ``analyze`` and ``replay``'s reports, ``auditor serve``'s answers and metrics),
+    from one :func:`judge`. Holds no snapshot: ``auditor serve`` keeps its verdicts published
+    until the next evaluation, the snapshots it judged freed."""
+
+    job: str
+    ranks: int
+    world_size: int
+    # Each rank's node (host).
+    nodes: dict[int, str]
+    findings: tuple[Finding, ...]
+    imbalance_ratio: float | None
+    # The window judged: (start, end), wall-clock seconds.
+    window: tuple[float, float]
+
+    @property
+    def predicted_speedup(self) -> float:
+        gains = [f.predicted_speedup for f in self.findings if f.predicted_speedup is not None]
+        return max(gains, default=1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as ``auditor serve`` answers it (``/api/v1/jobs``)."""
+        return {
+            "job": self.job,
+            "ranks": self.ranks,
+            "world_size": self.world_size,
+            "window": {"start": self.window[0], "end": self.window[1]},
+            "imbalance_ratio": None
+            if self.imbalance_ratio is None
+            else round(self.imbalance_ratio, 4),
+            "predicted_speedup": round(self.predicted_speedup, 3),
+            "findings": [finding_dict(self, f) for f in self.findings],
+        }
+
+
+def finding_dict(verdict: Verdict, finding: Finding) -> dict[str, Any]:
+    """A finding as served over HTTP: the report's form plus its job and each rank's node."""
+    return {
+        "job": verdict.job,
+        **ReportFinding.of(finding).to_dict(),
+        "nodes": {str(r): verdict.nodes.get(r, "") for r in finding.ranks},
+    }
+
+
+def imbalance_ratio(snapshot: Snapshot, *, min_steps: int = 1) -> float | None:
+    """``1 - fastest/slowest`` local step time (step time minus the wait for peers) among the
+    ranks with steps in the window: the share of each step the least-loaded rank idles at the
+    barrier. None with fewer than two such ranks."""
+    stats = snapshot.ready(min_steps)
+    local = [s.local_s for s in stats.values() if s.local_s > 0]
+    if len(local) < 2:
+        return None
+    return 1.0 - min(local) / max(local)
+
+
+def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> Verdict:
+    """The verdict on one snapshot: every rule (with ``overrides``' thresholds), and the job's
+    shape. The one place outside the rules that runs them, whichever path built the snapshot
+    (the live store, a recording, Prometheus' window aggregates)."""
+    return Verdict(
+        job=snapshot.job,
+        ranks=len(snapshot.ranks),
+        world_size=snapshot.world_size,
+        nodes={v.info.rank: v.info.host for v in snapshot.ranks},
+        findings=tuple(analyze(snapshot, overrides)),
+        imbalance_ratio=imbalance_ratio(snapshot),
+        window=(snapshot.start, snapshot.end),
+    )
 
 
 class Audit:
@@ -74,17 +149,18 @@ class Audit:
     def dead_ranks(self) -> list[DeadRank]:
         return sorted(self._died.values(), key=lambda d: (not d.first, d.rank))
 
-    def judge(self, now: float) -> tuple[Snapshot, list[Finding]]:
-        """The live verdict over the window ending at ``now`` (this node's clock)."""
+    def judge(self, now: float) -> tuple[Snapshot, Verdict]:
+        """The live verdict over the window ending at ``now`` (this node's clock), and the
+        window judged."""
         snap = self.store.snapshot(now, self.window_s)
         return snap, self.judge_snapshot(snap)
 
-    def judge_snapshot(self, snap: Snapshot) -> list[Finding]:
-        """The verdict on a snapshot built elsewhere: ``auditor serve`` reduces Prometheus'
-        window aggregates straight into one, with no samples to keep. The one place outside
-        the rules that runs them."""
-        self.findings = analyze(snap, self.overrides)
-        return self.findings
+    def judge_snapshot(self, snap: Snapshot) -> Verdict:
+        """The verdict on ``snap`` (:func:`judge`, with this audit's overrides), kept as the
+        latest findings."""
+        verdict = judge(snap, self.overrides)
+        self.findings = list(verdict.findings)
+        return verdict
 
     def final(
         self, now: float | None = None, window_s: float | None = None

@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunConfig:
-    """``auditor run``: :func:`auditor.session.run`."""
+    """``auditor run``: :func:`auditor.commands.run.run`."""
 
     command: tuple[str, ...]
     report: str | None = None
@@ -57,7 +57,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class FleetConfig:
-    """``auditor fleet``: :func:`auditor.cluster.commands.fleet`."""
+    """``auditor fleet``: :func:`auditor.commands.fleet.fleet`."""
 
     address: str
     device_source: str = "nvml"
@@ -72,7 +72,7 @@ class FleetConfig:
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    """``auditor doctor``: :func:`auditor.doctor.doctor`."""
+    """``auditor doctor``: :func:`auditor.commands.doctor.doctor`."""
 
     json: bool = False
     prometheus_url: str | None = None
@@ -80,7 +80,7 @@ class DoctorConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """``auditor serve``: :func:`auditor.service.commands.serve`."""
+    """``auditor serve``: :func:`auditor.commands.serve.serve`."""
 
     prometheus_url: str = "http://127.0.0.1:9090"
     host: str = "127.0.0.1"
@@ -97,7 +97,7 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """``auditor replay``: :func:`auditor.metrics.commands.replay`."""
+    """``auditor replay``: :func:`auditor.commands.replay.replay`."""
 
     recording: str
     metrics_host: str = "127.0.0.1"
@@ -111,8 +111,8 @@ class ReplayConfig:
 
 @dataclass(frozen=True)
 class AnalysisConfig:
-    """``auditor analyze`` and ``auditor report``: :func:`auditor.report.commands.analyze` and
-    :func:`auditor.report.commands.report`."""
+    """``auditor analyze`` and ``auditor report``: :func:`auditor.commands.reports.analyze` and
+    :func:`auditor.commands.reports.report`."""
 
     input: str
     html: str | None = None
@@ -125,7 +125,7 @@ class AnalysisConfig:
 
 @dataclass(frozen=True)
 class CompareConfig:
-    """``auditor compare``: :func:`auditor.report.commands.compare`."""
+    """``auditor compare``: :func:`auditor.commands.reports.compare`."""
 
     before: str
     after: str
@@ -134,9 +134,9 @@ class CompareConfig:
 
 @dataclass(frozen=True)
 class DashboardsConfig:
-    """``auditor dashboards render|push``: :func:`auditor.ops.commands.dashboards`. The Grafana
-    token is not here: it is read from ``AUDITOR_GRAFANA_TOKEN`` or the token file when pushing,
-    so that it is never held in (or printed with) a config."""
+    """``auditor dashboards render|push``: :func:`auditor.commands.dashboards.dashboards`. The
+    Grafana token is not here: it is read from ``AUDITOR_GRAFANA_TOKEN`` or the token file when
+    pushing, so that it is never held in (or printed with) a config."""
 
     action: str  # "render" or "push"
     dashboards_root: str | None = None

@@ -59,8 +59,8 @@ import psutil
 
 from auditor.cluster.intake import RankIntake
 from auditor.cluster.monitor import GpuMonitorCore
+from auditor.cluster.probing import probe_env
 from auditor.samples import Batch, DeviceSample, MemoryBudget, StepSample
-from auditor.session import probe_env
 from auditor.telemetry.recorded import RecordingWriter, read_recording
 from auditor.telemetry.sources import DeviceSource, RecordedDeviceSource, make_source
 
@@ -763,8 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     device = _device()
     if not device["cuda"] and not args.dry_run:
         print(
-            "gpu_validate: no CUDA GPU here (torch sees none); "
-            "--dry-run runs the plan on the CPU",
+            "gpu_validate: no CUDA GPU here (torch sees none); --dry-run runs the plan on the CPU",
             file=sys.stderr,
         )
         return 2

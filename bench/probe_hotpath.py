@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 from auditor.cluster.intake import RankIntake
+from auditor.cluster.probing import probe_env
 from auditor.probe.memory import ACTIVATIONS_EVERY
-from auditor.session import probe_env
 
 # The loop's first steps (start-up, the probe attaching) are left out of its median.
 SKIPPED_STEPS = 100

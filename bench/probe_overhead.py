@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairs < 1:
         ap.error("--pairs must be at least 1")
 
-    from auditor.session import probe_env
+    from auditor.cluster.probing import probe_env
 
     c.become_subreaper()
     rundir = tempfile.mkdtemp(prefix="bench-probe-")

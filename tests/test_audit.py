@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from auditor.audit import Audit
+from auditor.commands.reports import analyze_recording
 from auditor.metrics.replay import make_ticks
-from auditor.report.commands import analyze_recording
 from auditor.telemetry.recorded import read_recording
 
 DATA = Path(__file__).parent / "data"

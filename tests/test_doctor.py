@@ -14,7 +14,7 @@ import pynvml
 import pytest
 from telemetry.test_nvml import UUID0, UUID1, FakeLib, two_gpus
 
-from auditor import doctor
+from auditor.commands import doctor
 from auditor.telemetry.nvml import Nvml
 
 

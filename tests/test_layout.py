@@ -55,7 +55,7 @@ ENTRY = PACKAGE / "__main__.py"
 
 def test_the_sources_are_found() -> None:
     paths = [path for path, _ in _sources()]
-    assert CLI / "__init__.py" in paths and PACKAGE / "session.py" in paths
+    assert CLI / "__init__.py" in paths and PACKAGE / "commands" / "run.py" in paths
     assert not (PACKAGE / "cli.py").exists() and not (PACKAGE / "config.py").exists()
 
 

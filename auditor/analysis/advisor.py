@@ -13,6 +13,7 @@ what DataLoader workers already provide) and a fix does not change communication
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from operator import attrgetter
 
 from .stats import RankStats
@@ -45,3 +46,33 @@ def predicted_speedup(stats: Mapping[int, RankStats], new_local: Mapping[int, fl
     if after <= 0 or before <= 0:
         return 1.0
     return max(1.0, before / after)
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """The barrier model's figures, measured once: each rank's local time and the floor (the
+    least any rank waited at the collectives). What a rule's ``decide`` asks its what-ifs of."""
+
+    local: Mapping[int, float]
+    floor: float
+
+    @classmethod
+    def of(cls, stats: Mapping[int, RankStats]) -> Barrier:
+        return cls(dict(zip(stats, map(_LOCAL_S, stats.values()), strict=True)), comm_floor(stats))
+
+    def step_s(self, new_local: Mapping[int, float] | None = None) -> float:
+        """Job step time, with ``new_local`` overriding ranks' local times."""
+        if not self.local:
+            return 0.0
+        if not new_local:
+            return max(self.local.values()) + self.floor
+        times = dict(self.local)
+        times.update((r, t) for r, t in new_local.items() if r in times)
+        return max(times.values()) + self.floor
+
+    def speedup(self, new_local: Mapping[int, float]) -> float:
+        """Speed-up of the job if the ranks in ``new_local`` had those local step times."""
+        before, after = self.step_s(), self.step_s(new_local)
+        if after <= 0 or before <= 0:
+            return 1.0
+        return max(1.0, before / after)

@@ -41,10 +41,13 @@ batch (a smaller batch or checkpointing cannot help much), else the activations.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from auditor.samples import MemoryBudget
+
+from .fixes import Fix
 
 # Gradient checkpointing: activations cut 4x (the conservative end of the usual 4-10x).
 CHECKPOINT_FACTOR = 4.0
@@ -55,6 +58,20 @@ STATE_PER_PARAM = {"adam": 2.0, "sgd_momentum": 1.0, "sgd": 0.0}
 # State kinds that are counters, not per-parameter copies.
 COUNTER_KINDS = frozenset({"step"})
 _HALF_DTYPES = frozenset({"bfloat16", "float16"})
+# Where a rank's capacity comes from (:func:`capacity`), as codes (the report words them).
+DEVICE_TOTAL = "device_total"  # the device's total; its CUDA context not measured
+DEVICE_LESS_OUTSIDE = "device_total_less_outside"  # less what the context and others hold
+HOST_SHARE = "host_share"  # the host's available memory per rank
+UNKNOWN = "unknown"
+# Each lever of :meth:`BudgetModel.levers` as a fix: the lever it moves and the value proposed.
+FIX_LEVERS: dict[str, tuple[str, bool | str]] = {
+    "checkpointing": ("gradient_checkpointing", True),
+    "autocast_bf16": ("autocast_bf16", True),
+    "bf16_params": ("bf16_params", True),
+    "sgd_momentum": ("optimizer", "sgd_momentum"),
+    "sgd": ("optimizer", "sgd"),
+    "shard": ("sharding", True),
+}
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,7 @@ class BudgetModel:
     budget: MemoryBudget
     batch: int | None
     capacity_bytes: float | None
-    capacity_source: str
+    capacity_source: str  # a code: DEVICE_TOTAL, DEVICE_LESS_OUTSIDE, HOST_SHARE or UNKNOWN
     world_size: int = 1
     # Micro-batches per step (gradient accumulation): ``batch`` is then the micro-batch, the
     # one whose activations are alive at a time.
@@ -208,10 +225,30 @@ class BudgetModel:
         act = self.activation_bytes
         return "fixed" if act is None or self.fixed_bytes >= act else "activations"
 
+    def largest_levers(self, limit: int = 3) -> list[Lever]:
+        """The levers that free the most, largest saving first (the ones a fix names)."""
+        return sorted(self.levers().values(), key=lambda lv: -lv.frees_bytes)[:limit]
+
+    def fixes(
+        self,
+        rank: int | None,
+        answers: Sequence[str],
+        *,
+        gpu: str | None = None,
+        limit: int = 3,
+    ) -> list[Fix]:
+        """:meth:`largest_levers` as fixes (no speed-up: memory does not set the step time)."""
+        out = []
+        for lv in self.largest_levers(limit):
+            lever, proposed = FIX_LEVERS[lv.name]
+            current = self.budget.optimizer if lever == "optimizer" else None
+            out.append(Fix(lever, rank, current, proposed, None, tuple(answers), gpu))
+        return out
+
     def evidence(self) -> dict[str, Any]:
         b = self.budget
         return {
-            "source": "measured budget (probe)",
+            "source": "budget",
             "device": b.device,
             "param_bytes": b.param_bytes,
             "param_bytes_by_dtype": dict(b.param_bytes_by_dtype),
@@ -239,28 +276,34 @@ class BudgetModel:
 
 
 def capacity(budget: MemoryBudget, *, margin: float, batch: int | None) -> tuple[float | None, str]:
-    """The memory this rank may use, and where that figure comes from (see the module doc)."""
+    """The memory this rank may use, and where that figure comes from (a code: see
+    :data:`DEVICE_TOTAL` and the others; the module doc)."""
     if budget.device_total_bytes:
         cap = (1.0 - margin) * budget.device_total_bytes
         if budget.device_outside_bytes is None:
-            return cap, "device total (its CUDA context not measured)"
+            return cap, DEVICE_TOTAL
         outside = budget.device_outside_bytes
-        return cap - outside, "device total less what the CUDA context and other processes hold"
+        return cap - outside, DEVICE_LESS_OUTSIDE
     if budget.host_available_bytes is None:
-        return None, "unknown"
+        return None, UNKNOWN
     share = budget.host_available_bytes / max(1, budget.local_ranks)
     held = float(budget.fixed_bytes + budget.other_module_bytes)
     per = budget.activations_per_sample
     if per is not None and batch:
         held += per * batch
-    return held + (1.0 - margin) * share, "host memory available per rank"
+    return held + (1.0 - margin) * share, HOST_SHARE
 
 
 def host_short(budget: MemoryBudget, short_ratio: float) -> bool:
     """The host's available memory is below ``short_ratio`` of its total."""
-    if budget.host_available_bytes is None or not budget.host_total_bytes:
+    return short_of(budget.host_available_bytes, budget.host_total_bytes, short_ratio)
+
+
+def short_of(available: float | None, total: float | None, short_ratio: float) -> bool:
+    """``available`` is below ``short_ratio`` of ``total`` (False where either is unknown)."""
+    if available is None or not total:
         return False
-    return budget.host_available_bytes < short_ratio * budget.host_total_bytes
+    return available < short_ratio * total
 
 
 def model_for(

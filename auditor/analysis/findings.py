@@ -11,20 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-# Stable names (DESIGN.md): used in JSON, metrics, dashboards and alert rules.
-KINDS = (
-    "utilization_imbalance",
-    "data_starvation",
-    "batch_split",
-    "compute_straggler",
-    "hardware_straggler",
-    "memory_imbalance",
-    "memory_pressure",
-    "memory_headroom",
-    "idle_device",
-    "cpu_oversubscription",
-    "dataparallel_gather",
-)
+from .fixes import Fix
+
 # The one severity order, least severe first: every place that ranks or sorts severities reads
 # it through severity_rank / finding_order below.
 SEVERITIES = ("info", "warning", "critical")
@@ -49,11 +37,12 @@ class Finding:
 
     ``ranks`` are the ranks the finding blames (never the ranks that only wait for them);
     ``facts`` is the rule's typed conclusion, from which the report words the summary and one
-    concrete change per blamed rank (:mod:`auditor.report.phrasing`); ``evidence`` is the
-    measured record the JSON report carries; ``predicted_speedup`` is the job's expected
-    step-rate gain if every fix is applied, under the DDP barrier model
-    (:mod:`auditor.analysis.advisor`). ``cause`` names the kind that explains a symptom
-    finding such as ``utilization_imbalance``.
+    concrete change per blamed rank (:mod:`auditor.report.phrasing`); ``fixes`` are those
+    changes as data (:class:`~auditor.analysis.fixes.Fix`); ``gpus`` the GPUs (UUIDs) it
+    names; ``evidence`` is the measured record the JSON report carries (figures and codes, no
+    words); ``predicted_speedup`` is the job's expected step-rate gain if every fix is applied,
+    under the DDP barrier model (:mod:`auditor.analysis.advisor`). ``cause`` names the kind
+    that explains a symptom finding such as ``utilization_imbalance``.
     """
 
     kind: str
@@ -63,10 +52,12 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     predicted_speedup: float | None = None
     cause: str | None = None
+    fixes: tuple[Fix, ...] = ()
+    gpus: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown finding kind {self.kind!r}")
+        # The kind is checked where the registry is known: the engine refuses a finding of a
+        # kind no rule declares (this module is below the registry).
         if self.severity not in SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}")
 
@@ -90,6 +81,8 @@ class Finding:
             "evidence": self.evidence,
             "predicted_speedup": self.predicted_speedup,
             "cause": self.cause,
+            "fixes": [fix.to_dict() for fix in self.fixes],
+            "gpus": list(self.gpus),
         }
 
 

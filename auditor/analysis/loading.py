@@ -46,6 +46,11 @@ from .stats import RankStats
 IO = "io"
 CPU = "cpu"
 UNKNOWN = "unknown"
+# What made the verdict UNKNOWN: the main thread's CPU during the data wait, the DataLoader
+# workers' CPU (not measured), or no data wait to judge.
+MAIN_THREAD_CPU = "main_thread_cpu"
+WORKERS_CPU = "workers_cpu"
+NO_DATA_WAIT = "no_data_wait"
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ class LoadingCost:
     fair_share: float
     # IO, CPU or UNKNOWN.
     kind: str
-    # What could not be measured, in words (empty when everything was).
+    # What could not be measured (MAIN_THREAD_CPU, WORKERS_CPU, NO_DATA_WAIT; empty when
+    # everything was).
     missing: str = ""
 
     @property
@@ -79,22 +85,8 @@ class LoadingCost:
         cores = self.cores
         return None if cores is None else cores / max(1e-9, self.fair_share)
 
-    def why(self) -> str:
-        """The verdict with its figures, for a finding's evidence."""
-        if self.kind == UNKNOWN:
-            return f"not known whether loading waits on I/O or the CPU: {self.missing}"
-        who = "the main process" if self.workers == 0 else f"each of {self.workers} workers"
-        used = (
-            f"{who} used {self.cores or 0.0:.2f} cores while loading "
-            f"({(self.cpu_s or 0.0) * 1e3:.0f} ms CPU per {self.load_s * 1e3:.0f} ms batch load), "
-            f"{(self.share_used or 0.0) * 100:.0f}% of the {self.fair_share:.2f} core a "
-            "CPU-bound loader gets on this host"
-        )
-        if self.kind == IO:
-            return f"I/O-bound: {used}; more workers cost memory, not cores"
-        return f"CPU-bound: {used}"
-
     def evidence(self) -> dict[str, object]:
+        """The figures and the verdict, for a finding's evidence (the report words them)."""
         return {
             "kind": self.kind,
             "loaders": max(1, self.workers),
@@ -102,7 +94,6 @@ class LoadingCost:
             "cpu_per_batch_ms": None if self.cpu_s is None else round(self.cpu_s * 1e3, 1),
             "cores_while_loading": None if self.cores is None else round(self.cores, 3),
             "cpu_share_available": round(self.fair_share, 3),
-            "why": self.why(),
         }
 
 
@@ -157,13 +148,13 @@ def loading_cost(
     if workers == 0:
         load_s = s.data_wait_s
         cpu_s = None if s.data_cpu_s is None else min(s.data_cpu_s, s.data_wait_s)
-        missing = "" if cpu_s is not None else "the main thread's CPU during the data wait"
+        missing = "" if cpu_s is not None else MAIN_THREAD_CPU
     else:
         # The pace, a mean over the workers' rounds: a median lands on a long or a short step.
         load_s = workers * (s.step_s if s.mean_step_s is None else s.mean_step_s)
         each = s.worker_cpu_each
         cpu_s = None if each is None else each * load_s
-        missing = "" if cpu_s is not None else "the DataLoader workers' CPU"
+        missing = "" if cpu_s is not None else WORKERS_CPU
     if cpu_s is None or load_s <= 0:
         kind = UNKNOWN
     else:
@@ -175,7 +166,7 @@ def loading_cost(
         cpu_s=cpu_s,
         fair_share=share,
         kind=kind,
-        missing=missing or ("no data wait to judge" if load_s <= 0 else ""),
+        missing=missing or (NO_DATA_WAIT if load_s <= 0 else ""),
     )
 
 

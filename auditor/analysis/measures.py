@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +18,12 @@ from auditor.samples import DeviceSample, RankInfo
 
 from .devices import DeviceStats, linear_fit
 from .findings import Finding
+from .fixes import Fix
 from .snapshot import RankView, Snapshot
 from .stats import RankStats
 
-MEMORY_IMBALANCE_NOTE = (
-    "not predicted: memory does not set the step time; it caps the batch every rank can use"
-)
+# Evidence code: the finding predicts no speed-up (the report words why, per rule).
+NOT_PREDICTED = "not_predicted"
 
 
 def ready(stats: Mapping[int, RankStats], min_steps: int) -> dict[int, RankStats]:
@@ -173,43 +173,72 @@ def peer_median_bytes(values: Mapping[Any, float | None], key: Any) -> float:
     return float(statistics.median(peers)) if peers else 0.0
 
 
+@dataclass(frozen=True)
+class GpuMemory:
+    """Per GPU (UUID), what a memory finding names it by and says of it: its reference (uuid,
+    node, index, model), its label, total memory, peak memory in use and that peak's share of
+    the total, and the ranks that own it. Columns: built once per rule, for the GPUs it
+    compares."""
+
+    ref: Mapping[str, Mapping[str, Any]]
+    label: Mapping[str, str]
+    total: Mapping[str, int | None]
+    peak: Mapping[str, int | None]
+    fill: Mapping[str, float | None]
+    owners: Mapping[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, gpus: Iterable[DeviceStats], owners: Mapping[str, Sequence[int]]) -> GpuMemory:
+        gpus = list(gpus)
+        return cls(
+            ref={d.uuid: d.ref for d in gpus},
+            label={d.uuid: d.label for d in gpus},
+            total={d.uuid: d.mem_total_bytes for d in gpus},
+            peak={d.uuid: d.mem_used_max_bytes for d in gpus},
+            fill={d.uuid: d.mem_ratio_max for d in gpus},
+            owners={d.uuid: tuple(owners.get(d.uuid, ())) for d in gpus},
+        )
+
+
 def imbalance_finding(
-    named: DeviceStats,
-    gpus: Mapping[str, DeviceStats],
+    named: str,
+    gpus: GpuMemory,
+    compared: Iterable[str],
     mem: Mapping[str, float | None],
     *,
     ranks: tuple[int, ...],
     facts: object,
     near_full: float,
-    owners: Mapping[str, Sequence[int]],
+    fixes: Sequence[Fix] = (),
     cause: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Finding:
-    """A ``memory_imbalance`` finding naming ``named`` against the ``gpus`` it was compared with,
-    with the calling rule's ``facts`` (each rule words its own).
+    """A ``memory_imbalance`` finding naming GPU ``named`` against the ``compared`` GPUs (their
+    memory ``mem``), with the calling rule's ``facts`` and ``fixes`` (each rule words its own).
 
     Shared with ``dataparallel_gather``, which names GPU 0 of a DataParallel job this way.
     """
-    peer = peer_median_bytes(mem, named.uuid)
-    own = mem.get(named.uuid)
-    full = named.mem_ratio_max
+    peer = peer_median_bytes(mem, named)
+    own = mem.get(named)
+    full = gpus.fill[named]
     severity = "warning" if full is not None and full >= near_full else "info"
+    ref = gpus.ref
     evidence: dict[str, Any] = {
-        "gpus": [named.ref],
+        "gpus": [ref[named]],
         "per_gpu": {
             u: {
-                **d.ref,
-                "ranks": list(owners.get(u, ())),
+                **ref[u],
+                "ranks": list(gpus.owners[u]),
                 "mem_used_bytes": None if mem.get(u) is None else round(float(mem[u] or 0)),
-                "mem_total_bytes": d.mem_total_bytes,
-                "mem_used_max_bytes": d.mem_used_max_bytes,
+                "mem_total_bytes": gpus.total[u],
+                "mem_used_max_bytes": gpus.peak[u],
             }
-            for u, d in sorted(gpus.items(), key=lambda kv: (kv[1].node, kv[1].index))
+            for u in sorted(compared, key=lambda u: (ref[u]["node"], ref[u]["index"]))
         },
         "peer_median_bytes": round(peer),
         "ratio_to_peers": None if own is None or peer <= 0 else round(float(own) / peer, 2),
         "excess_bytes": None if own is None else round(float(own) - peer),
-        "speedup_model": MEMORY_IMBALANCE_NOTE,
+        "speedup_model": NOT_PREDICTED,
     }
     evidence.update(extra or {})
     return Finding(
@@ -220,6 +249,8 @@ def imbalance_finding(
         evidence=evidence,
         predicted_speedup=None,
         cause=cause,
+        fixes=tuple(fixes),
+        gpus=(named,),
     )
 
 

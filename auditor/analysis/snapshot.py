@@ -70,10 +70,18 @@ class Snapshot:
     gpus: tuple[DeviceStats, ...] = ()
     # Total steps seen per rank over the whole run, not only the window (for the report).
     total_steps: dict[int, int] = field(default_factory=dict)
+    # Per-rank statistics computed elsewhere, equal to what reducing ``ranks`` gives (tested):
+    # ``auditor serve`` builds them from Prometheus' columns along with the ranks
+    # (:func:`~.stats.rank_stats_from_columns`) instead of reducing each rank's samples again.
+    # None: ``stats`` reduces ``ranks`` on first use.
+    precomputed_stats: dict[int, RankStats] | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def stats(self) -> dict[int, RankStats]:
-        """Per-rank robust statistics over the window, computed once per snapshot."""
+        """Per-rank robust statistics over the window, computed once per snapshot (or given:
+        ``precomputed_stats``)."""
+        if self.precomputed_stats is not None:
+            return self.precomputed_stats
         return {view.info.rank: rank_stats(view) for view in self.ranks}
 
     @cached_property
@@ -83,13 +91,6 @@ class Snapshot:
         figures agree where a loader's workers deliver in bursts (the median step lands on
         one kind of step there, never on the pace)."""
         return {r: s.paced() for r, s in self.stats.items()}
-
-    def with_stats(self, stats: dict[int, RankStats]) -> Snapshot:
-        """This snapshot with ``stats`` already computed elsewhere: ``auditor serve`` builds them
-        from Prometheus' columns along with the ranks, equal to what reducing ``ranks`` gives
-        (tested), without reducing each rank's samples again."""
-        self.__dict__["stats"] = stats
-        return self
 
     @cached_property
     def gpu_stats(self) -> dict[str, DeviceStats]:
@@ -176,11 +177,13 @@ class Snapshot:
 
     def ready(self, min_steps: int) -> dict[int, RankStats]:
         """Ranks with at least ``min_steps`` steps in the window (and a step time): the ones the
-        rules judge. Kept per ``min_steps`` (shared, do not change it): most rules ask, with the
-        same threshold, and each filtering of 4,096 ranks cost ~1 ms."""
+        rules judge, at their pace (:attr:`paced`): the pace is chosen here once, so every rule
+        and every table read the same figures. Kept per ``min_steps`` (shared, do not change
+        it): most rules ask, with the same threshold, and each filtering of 4,096 ranks cost
+        ~1 ms."""
         return self.kept(
             ("ready", min_steps),
-            lambda: {r: s for r, s in self.stats.items() if s.steps >= min_steps and s.step_s > 0},
+            lambda: {r: s for r, s in self.paced.items() if s.steps >= min_steps and s.step_s > 0},
         )
 
     def kept(self, key: Hashable, make: Callable[[], _T]) -> _T:

@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 from auditor.samples import LoaderConfig, ProcessCpu, RankInfo, StepSample
 
+from .frozen import from_columns
+
 
 class RankSamples(Protocol):
     """One rank's samples in a window (:class:`auditor.analysis.snapshot.RankView`; a protocol
@@ -201,12 +203,17 @@ def collective_ops_order(stats: Iterable[RankStats]) -> tuple[str, ...]:
     """The operations these ranks waited in, the largest wait (summed over the ranks) first:
     ``("all_gather", "ddp_allreduce")``; empty where none was reported. What a finding says its
     waiting ranks wait in."""
+    return ops_order(s.collective_ops for s in stats)
+
+
+def ops_order(per_rank: Iterable[Mapping[str, float] | None]) -> tuple[str, ...]:
+    """:func:`collective_ops_order` of the ranks' ``collective_ops`` themselves."""
     totals: dict[str, float] = {}
-    for s in stats:
-        for op, wait in (s.collective_ops or {}).items():
+    for ops in per_rank:
+        for op, wait in (ops or {}).items():
             totals[op] = totals.get(op, 0.0) + wait
-    ops = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
-    return tuple(name for name, wait in ops if wait > 0)
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    return tuple(name for name, wait in ranked if wait > 0)
 
 
 def collective_ops_ms(stats: Mapping[int, RankStats]) -> dict[str, dict[str, float]]:
@@ -394,6 +401,133 @@ def rank_stats(view: RankSamples) -> RankStats:
         mean_data_wait_s=mean_data_wait_s,
         mean_collective_wait_s=mean_collective_wait_s,
         mean_collective_ops=mean_collective_ops,
+    )
+
+
+def rank_stats_from_columns(
+    *,
+    rank: Sequence[int],
+    host: Sequence[str],
+    device: Sequence[str],
+    loader: Sequence[LoaderConfig | None],
+    steps: Sequence[int],
+    step_s: Sequence[float],
+    data_wait_s: Sequence[float],
+    h2d_s: Sequence[float],
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    optimizer_s: Sequence[float],
+    collective_wait_s: Sequence[float | None],
+    batch_size: Sequence[float | None],
+    micro_batches: Sequence[float],
+    rss_bytes: Sequence[float | None],
+    mem_allocated_bytes: Sequence[float | None],
+    mem_peak_bytes: Sequence[float | None],
+    cpu_sampled: Sequence[bool],
+    main_cpu: Sequence[float | None],
+    worker_cpu: Sequence[float | None],
+    workers: Sequence[int],
+    main_rss_bytes: Sequence[float | None],
+    mean_step_s: Sequence[float] | None = None,
+    mean_data_wait_s: Sequence[float] | None = None,
+    mean_collective_wait_s: Sequence[float | None] | None = None,
+    data_cpu_s: Sequence[float | None] | None = None,
+    collective_ops: Sequence[Mapping[str, float] | None] | None = None,
+    worker_rss_bytes: Sequence[float | None] | None = None,
+) -> list[RankStats]:
+    """Many ranks' statistics at once, column-wise (one sequence per field, one value per rank):
+    the twin of :func:`rank_stats` for figures reduced elsewhere, ``auditor serve``'s window
+    figures from Prometheus. The same construction rules, so both paths give equal statistics
+    (tested against :func:`rank_stats` of the same window as one sample):
+
+    * ``steps`` is each rank's steps in the window; a rank with none (0) has the figures of an
+      empty window whatever its step columns say (0 s, None, one micro-batch);
+    * ``cpu_sampled`` says whether a node agent sampled the rank; one that never did has no
+      CPU figures (None, no workers) whatever its CPU columns say;
+    * derived here: ``compute_s`` (h2d + forward + backward + optimizer), ``local_s``; counts
+      and bytes become floats, as the reduction of samples gives them;
+    * the pace (``mean_*``): the figures themselves where not given, as for a window of one
+      sample: a figure per window (total / steps) is a mean already;
+    * what is not given (``data_cpu_s``, ``collective_ops``, ``worker_rss_bytes``) is None:
+      not measured.
+
+    Built without each instance's ``__init__`` (:func:`~.frozen.from_columns`): the rebuild of
+    4,096 ranks spent most of its time there.
+    """
+    count = len(rank)
+    stepped = [n > 0 for n in steps]
+
+    def stepping(values: Sequence[Any], otherwise: Any) -> list[Any]:
+        """A statistic over the window's steps: ``otherwise`` for a rank with none."""
+        return [v if ok else otherwise for v, ok in zip(values, stepped, strict=True)]
+
+    def stepping_floats(values: Sequence[float | None]) -> list[float | None]:
+        return [
+            None if not ok or v is None else float(v) for v, ok in zip(values, stepped, strict=True)
+        ]
+
+    def sampled(values: Sequence[Any], otherwise: Any) -> list[Any]:
+        return [v if ok else otherwise for v, ok in zip(values, cpu_sampled, strict=True)]
+
+    nones: list[Any] = [None] * count
+    step_f, data_f = stepping(step_s, 0.0), stepping(data_wait_s, 0.0)
+    wait_f = stepping(collective_wait_s, None)
+    phases = zip(h2d_s, forward_s, backward_s, optimizer_s, strict=True)
+    compute = [(a + b + c + d) or 0.0 for a, b, c, d in phases]
+    return from_columns(
+        RankStats,
+        {
+            "rank": rank,
+            "host": host,
+            "device": device,
+            "steps": stepping(steps, 0),
+            "step_s": step_f,
+            "data_wait_s": data_f,
+            "h2d_s": stepping(h2d_s, 0.0),
+            "forward_s": stepping(forward_s, 0.0),
+            "backward_s": stepping(backward_s, 0.0),
+            "optimizer_s": stepping(optimizer_s, 0.0),
+            "collective_wait_s": wait_f,
+            "compute_s": stepping(compute, 0.0),
+            "mean_step_s": step_f if mean_step_s is None else stepping(mean_step_s, 0.0),
+            "mean_data_wait_s": data_f
+            if mean_data_wait_s is None
+            else stepping(mean_data_wait_s, 0.0),
+            "mean_collective_wait_s": wait_f
+            if mean_collective_wait_s is None
+            else stepping(mean_collective_wait_s, None),
+            "batch_size": stepping_floats(batch_size),
+            "rss_bytes": stepping_floats(rss_bytes),
+            "mem_allocated_bytes": stepping_floats(mem_allocated_bytes),
+            "mem_peak_bytes": stepping_floats(mem_peak_bytes),
+            "loader": loader,
+            "data_cpu_s": nones if data_cpu_s is None else stepping(data_cpu_s, None),
+            "collective_ops": nones if collective_ops is None else stepping(collective_ops, None),
+            "mean_collective_ops": nones
+            if collective_ops is None
+            else stepping(collective_ops, None),
+            "main_cpu": sampled(main_cpu, None),
+            # Worker CPU where workers were seen (as over samples: only those that saw some).
+            "worker_cpu": [
+                c if ok and n else None
+                for c, n, ok in zip(worker_cpu, workers, cpu_sampled, strict=True)
+            ],
+            "workers": sampled(workers, 0),
+            "worker_rss_bytes": nones
+            if worker_rss_bytes is None
+            else [
+                r if ok and n else None
+                for r, n, ok in zip(worker_rss_bytes, workers, cpu_sampled, strict=True)
+            ],
+            "main_rss_bytes": [
+                None if not ok or r is None else float(r)
+                for r, ok in zip(main_rss_bytes, cpu_sampled, strict=True)
+            ],
+            "micro_batches": [
+                float(m) if ok else 1.0 for m, ok in zip(micro_batches, stepped, strict=True)
+            ],
+            "local_s": list(map(local_time, step_f, wait_f)),
+        },
     )
 
 

@@ -14,7 +14,7 @@ auditor replay RECORDING                serve a recording as a live node endpoin
 This package owns every parser and every option's ``AUDITOR_*`` twin: one module per command
 (or group of commands) holds its option table, its parser and the function that builds its
 frozen config (:mod:`auditor.configs`) from argv and the environment; the command itself is a
-plain function of its layer that takes that config.
+plain function in :mod:`auditor.commands` that takes that config.
 """
 
 from __future__ import annotations

@@ -112,6 +112,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
     if ns.cmd != "dashboards":
         return None
-    from auditor.ops.commands import dashboards
+    from auditor.commands.dashboards import dashboards
 
     return dashboards(dashboards_config(ns, env), env=env)

@@ -38,6 +38,6 @@ def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, s
         return None
     if command:
         raise UsageError("auditor doctor takes no command after --")
-    from auditor.doctor import doctor
+    from auditor.commands.doctor import doctor
 
     return doctor(doctor_config(ns, env))

@@ -85,6 +85,6 @@ def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, s
         return None
     if command:
         raise UsageError("auditor fleet takes no command after --")
-    from auditor.cluster.commands import fleet
+    from auditor.commands.fleet import fleet
 
     return fleet(fleet_config(ns, env))

@@ -15,7 +15,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
     if ns.cmd != "probe-path":
         return None
-    from auditor.session import BOOT_DIR
+    from auditor.commands.probe_path import probe_path
 
-    print(BOOT_DIR)
-    return 0
+    return probe_path()

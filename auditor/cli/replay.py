@@ -53,6 +53,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
     if ns.cmd != "replay":
         return None
-    from auditor.metrics.commands import replay
+    from auditor.commands.replay import replay
 
     return replay(replay_config(ns, env))

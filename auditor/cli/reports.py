@@ -11,7 +11,7 @@ auditor compare BEFORE AFTER [--json]
 
 Every option also reads its ``AUDITOR_*`` twin (``AUDITOR_WINDOW``, ``AUDITOR_SET``,
 ``AUDITOR_JSON``, ``AUDITOR_HTML``); the command line wins over the environment. What the
-commands do is :mod:`auditor.report.commands`.
+commands do is :mod:`auditor.commands.reports`.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def dispatch(
     cmd = getattr(ns, "cmd", None)
     if cmd not in COMMANDS:
         return None
-    from auditor.report.commands import InputError, analyze, compare, report
+    from auditor.commands.reports import InputError, analyze, compare, report
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -131,7 +131,7 @@ def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, s
         return None
     cfg = run_config(ns, command, env)
     from auditor.cluster.launcher import LaunchError
-    from auditor.session import run
+    from auditor.commands.run import run
 
     try:
         return run(cfg)

@@ -108,6 +108,6 @@ def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, s
     if ns.cmd != "serve":
         return None
     require_serve_extra()
-    from auditor.service.commands import serve
+    from auditor.commands.serve import serve
 
     return serve(serve_config(ns, env))

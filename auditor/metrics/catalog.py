@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from auditor.analysis.findings import KINDS, SEVERITIES
+from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.rules import KINDS
 from auditor.samples import PHASES
 
 MetricType = Literal["gauge", "counter", "info"]

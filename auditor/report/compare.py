@@ -1,8 +1,8 @@
 """Two runs side by side: did the fix work, and as well as the verdict said it would?
 
-Pure: two ``auditor.report/v1`` documents in, a comparison document out (schema
+Pure: two ``auditor.report`` documents (v1 or v2) in, a comparison document out (schema
 ``auditor.compare/v1``), and its text at 80 columns. Loading files (reports or recordings) is the
-command's business (:mod:`auditor.report.commands`).
+command's business (:mod:`auditor.commands.reports`).
 
 The measured speed-up is the BEFORE run's median step time over the AFTER run's, each taken on
 its slowest rank: under DDP every rank's step ends at the same all-reduce, so the slowest rank's

@@ -1,8 +1,8 @@
 """The JSON report: one document per run, the input of the verdict, the HTML page and CI checks.
 
-Schema ``auditor.report/v1``::
+Schema ``auditor.report/v2``::
 
-    {"schema": "auditor.report/v1",
+    {"schema": "auditor.report/v2",
      "generated_at": "2024-05-01T12:00:00Z",
      "job": {"name", "command", "exit_code", "world_size", "parallel_mode", "duration_s",
              "interrupted", "hosts"},
@@ -13,8 +13,19 @@ Schema ``auditor.report/v1``::
                 "worker_cpu", "workers", "loader",
                 "memory": {"rss_bytes", "allocated_bytes", "peak_bytes", "budget"},
                 "unmeasured", "off_thread_collectives", "ended"}],
-     "findings": [Finding.to_dict(), ...],
+     "findings": [{"kind", "severity", "ranks", "summary", "evidence", "fixes",
+                   "predicted_speedup", "cause",
+                   "actions": [{"rank", "gpu", "lever", "how", "current", "proposed",
+                                "expected_speedup", "answers"}]}],
      "notes": [str, ...]}
+
+A finding's ``fixes`` are its changes in words, per rank; ``actions`` the same changes as data
+(:class:`~auditor.analysis.fixes.Fix`): the ``lever`` (``num_workers``, ``pin_memory``,
+``batch_size``, ``gradient_checkpointing``, ... :data:`~auditor.analysis.fixes.LEVERS`), ``how``
+it is moved (``loader``: a DataLoader argument, applicable without editing the script;
+``code``; ``hardware``), its ``current`` and ``proposed`` values where known (null otherwise),
+the job's ``expected_speedup`` once the finding's fixes are applied, and the finding kinds it
+``answers``. Version 1 documents (no ``actions``) are still read.
 
 Conventions follow :mod:`auditor.samples`: seconds, bytes, cores, ratios in 0..1, and ``null``
 for anything not measured (never 0). ``job.hosts`` maps each host name to its ranks.
@@ -167,7 +178,7 @@ def read_report(path: str | Path) -> Report:
 def load_report(path: str | Path) -> dict[str, Any]:
     """Read a report written by :func:`write_report`.
 
-    Raises ``ValueError`` naming the file when it is not JSON, not an ``auditor.report/v1``
+    Raises ``ValueError`` naming the file when it is not JSON, not an ``auditor.report`` (v1 or v2)
     document, or lacks a required section. A missing file raises ``FileNotFoundError``.
     """
     p = Path(path)

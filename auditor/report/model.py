@@ -6,7 +6,7 @@ rank (with its :class:`MemoryEntry` and measured :class:`BudgetEntry`), the find
 :class:`NodeEntry` list and :class:`DeadRank` list. :class:`~auditor.audit.Audit` builds it
 (:func:`auditor.report.json_report.make_report`); the terminal verdict, the HTML page and
 ``compare`` render it; :meth:`Report.to_dict` is the JSON document (schema
-``auditor.report/v1``, described in :mod:`auditor.report.json_report`) and
+``auditor.report/v2``, described in :mod:`auditor.report.json_report`) and
 :meth:`Report.from_dict` reads one back, so a saved report renders exactly as the live one.
 
 Values are what the JSON holds (rounded as written, ``None`` for what was not measured), so
@@ -18,13 +18,17 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from auditor.analysis.findings import Finding, severity_key
+from auditor.analysis.fixes import Fix
 from auditor.report.phrasing import phrase
 
-SCHEMA = "auditor.report/v1"
+SCHEMA = "auditor.report/v2"
+# Older documents this version still reads (``compare``, ``--apply``): v1 has no typed fixes.
+SCHEMA_V1 = "auditor.report/v1"
+SCHEMAS = (SCHEMA, SCHEMA_V1)
 
 JOB_KEYS = (
     "name",
@@ -230,6 +234,8 @@ class ReportFinding:
     fixes: Mapping[int, str] = field(default_factory=dict)
     predicted_speedup: float | None = None
     cause: str | None = None
+    # The fixes as data (:class:`~auditor.analysis.fixes.Fix`): what ``fixes`` says, per lever.
+    actions: tuple[Fix, ...] = ()
 
     @property
     def severity_key(self) -> int:
@@ -265,6 +271,7 @@ class ReportFinding:
                 None if self.predicted_speedup is None else round(self.predicted_speedup, 3)
             ),
             "cause": self.cause,
+            "actions": [jsonable(a.to_dict()) for a in self.actions],
         }
 
     @classmethod
@@ -289,6 +296,7 @@ class ReportFinding:
                 else None
             ),
             cause=d.get("cause"),
+            actions=tuple(a for a in map(Fix.from_dict, _items(d.get("actions"))) if a is not None),
         )
 
     @classmethod
@@ -306,6 +314,11 @@ class ReportFinding:
             fixes={int(r): str(fix) for r, fix in sorted(words.fixes.items())},
             predicted_speedup=None if speedup is None else jsonable(round(speedup, 3)),
             cause=finding.cause,
+            # Rounded as the JSON writes it, so a report read back holds equal fixes.
+            actions=tuple(
+                replace(a, speedup=None if a.speedup is None else round(a.speedup, 3))
+                for a in finding.fixes
+            ),
         )
 
 
@@ -495,8 +508,8 @@ class Report:
         """The report a JSON document holds.
 
         ``strict`` (the default): ``ValueError`` unless ``data`` has the shape of an
-        ``auditor.report/v1`` document (:func:`validate_report`). Not strict: whatever sections
-        are there (a partial document a test or a caller built), the rest empty.
+        ``auditor.report`` document, v1 or v2 (:func:`validate_report`). Not strict: whatever
+        sections are there (a partial document a test or a caller built), the rest empty.
         """
         if strict:
             validate_report(data, source=source)
@@ -523,13 +536,14 @@ def as_report(report: ReportLike) -> Report:
 
 
 def validate_report(data: object, *, source: str = "report") -> None:
-    """Raise ``ValueError`` unless ``data`` has the shape of an ``auditor.report/v1`` document."""
+    """Raise ``ValueError`` unless ``data`` has the shape of an ``auditor.report`` document (v1 or
+    v2)."""
     if not isinstance(data, dict):
         raise ValueError(
             f"{source}: not an auditor report (expected a JSON object, got {type(data).__name__})"
         )
     schema = data.get("schema")
-    if schema != SCHEMA:
+    if schema not in SCHEMAS:
         found = "no 'schema' key" if schema is None else f"schema {schema!r}"
         raise ValueError(f"{source}: not an auditor report ({found}, expected {SCHEMA!r})")
     expected: dict[str, type] = {"job": dict, "ranks": list, "findings": list, "notes": list}

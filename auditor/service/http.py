@@ -24,10 +24,11 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from auditor.analysis.findings import finding_order
+from auditor.audit import finding_dict
 from auditor.metrics import catalog as C
 from auditor.metrics.exporter import SeriesSet, add_findings, registry_for
 
-from .service import Published, finding_dict
+from .service import Published
 
 PublishedFn = Callable[[], Published]
 

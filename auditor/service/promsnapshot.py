@@ -24,19 +24,20 @@ answers and benchmarked at 4,096 ranks without a Prometheus server.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, repeat
 from operator import is_not, itemgetter, methodcaller
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from auditor.analysis.devices import IDLE_REASONS, DeviceStats
+from auditor.analysis.frozen import from_columns
 from auditor.analysis.snapshot import RankView, Snapshot
-from auditor.analysis.stats import RankStats, local_time
+from auditor.analysis.stats import RankStats, rank_stats_from_columns
 from auditor.metrics import catalog as C
 from auditor.samples import PHASES, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
 
@@ -51,110 +52,12 @@ from .columns import (
     optional_ints,
     rounded,
 )
+from .promqueries import GPU_FIGURES, MEMORY_KINDS
+from .promqueries import queries as queries
+from .promqueries import sub_key as sub_key
 
 _MHZ = 1e6
 
-
-def queries(window_s: float) -> dict[str, str]:
-    """Every query of one evaluation, by the name its answer is filed under."""
-    w = f"{max(2, round(window_s))}s"
-    half = f"{max(1, round(window_s / 2))}s"
-    # Figures are aggregated ``by`` the labels this module reads: smaller answers, fewer labels
-    # to decode per series (a 4,096-rank job answers in about 200,000 series otherwise).
-    r = f"{C.JOB_LABEL}, rank"
-    g = "uuid"
-    q = {
-        # ranks: identity (all labels) ...
-        "rank_info": f"last_over_time({C.RANK_INFO.name}[{w}])",
-        "loader_info": f"last_over_time({C.RANK_DATALOADER_INFO.name}[{w}])",
-        # ... and figures
-        "config_workers": f"max by ({r}) "
-        f"(last_over_time({C.RANK_DATALOADER_CONFIG_WORKERS.name}[{w}]))",
-        "rank_up": f"max by ({r}) (last_over_time({C.RANK_UP.name}[{w}]))",
-        # The scrape time of each rank's latest sample (the instant selector keeps it).
-        "rank_seen": f"max by ({r}) (timestamp({C.RANK_UP.name}))",
-        "steps": f"sum by ({r}) (increase({C.RANK_STEPS_TOTAL.name}[{w}]))",
-        "step_seconds": f"sum by ({r}) (increase({C.RANK_STEP_SECONDS_TOTAL.name}[{w}]))",
-        "samples": f"sum by ({r}) (increase({C.RANK_SAMPLES_TOTAL.name}[{w}]))",
-        # DataLoader batches per step: gradient accumulation's micro-batches (absent from an
-        # older endpoint: one per step).
-        "micro_batches": f"sum by ({r}) (increase({C.RANK_MICRO_BATCHES_TOTAL.name}[{w}]))",
-        "workers": f"max by ({r}) (max_over_time({C.RANK_DATALOADER_WORKERS.name}[{w}]))",
-    }
-    # A figure split by a label (a phase, a memory kind, a process) is one query per value,
-    # each labelled by rank alone: its answer lines up with the others' (one comparison of
-    # label lists finds every rank's row), where one answer split by the label cost a key
-    # lookup per series (some 45,000 at 4,096 ranks).
-    for phase in PHASES:
-        q[sub_key("phase_seconds", phase)] = (
-            f'sum by ({r}) (increase({C.RANK_PHASE_SECONDS_TOTAL.name}{{phase="{phase}"}}[{w}]))'
-        )
-    # The kinds the rules read (reserved memory is the dashboards', not the rules').
-    for kind in _MEMORY_KINDS:
-        q[sub_key("memory", kind)] = (
-            f"max by ({r}) (quantile_over_time(0.5, "
-            f'{C.RANK_MEMORY_BYTES.name}{{memory="{kind}"}}[{w}]))'
-        )
-    for process in C.CPU_PROCESSES:
-        q[sub_key("cpu", process)] = (
-            f'max by ({r}) (avg_over_time({C.RANK_CPU_CORES.name}{{process="{process}"}}[{w}]))'
-        )
-    q |= {
-        # nodes
-        "node_cores": f"max by (auditor_job, node) (max_over_time({C.NODE_CPU_CORES.name}[{w}]))",
-        "node_busy": "max by (auditor_job, node) "
-        f"(quantile_over_time(0.5, {C.NODE_CPU_BUSY_CORES.name}[{w}]))",
-        "node_load": f"max by (auditor_job, node) (avg_over_time({C.NODE_LOAD1.name}[{w}]))",
-        "node_samples": "max by (auditor_job, node) "
-        f"(count_over_time({C.NODE_CPU_BUSY_CORES.name}[{w}]))",
-        # GPUs: identity (all labels) ...
-        "gpu_up": f"last_over_time({C.GPU_UP.name}[{w}])",
-        # ... and figures
-        "gpu_samples": f"max by ({g}) (sum_over_time({C.GPU_UP.name}[{w}]))",
-        # Seconds between the first and the last GPU read in the window (one query, not two).
-        "gpu_span": f"max by ({g}) "
-        f"(max_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}])) - min by ({g}) "
-        f"(min_over_time({C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name}[{w}]))",
-        "gpu_lost": f"max by ({g}) (max_over_time({C.GPU_LOST.name}[{w}]))",
-        "gpu_mem_trend": f"max by ({g}) (deriv({C.GPU_MEMORY_USED_BYTES.name}[{w}]))",
-        "gpu_mem_recent": f"max by ({g}) (deriv({C.GPU_MEMORY_USED_BYTES.name}[{half}]))",
-        # Only reasons that were active at all (usually none), and whether reasons are read.
-        "gpu_throttle": f"max by ({g}, reason) "
-        f"(avg_over_time({C.GPU_THROTTLE_ACTIVE.name}[{w}])) > 0",
-        "gpu_throttle_read": f"count by ({g}) (last_over_time({C.GPU_THROTTLE_ACTIVE.name}[{w}]))",
-    }
-    for key, spec in _GPU_MEDIANS.items():
-        q[key] = f"max by ({g}) (quantile_over_time(0.5, {spec.name}[{w}]))"
-    for key, spec in _GPU_MAXIMA.items():
-        q[key] = f"max by ({g}) (max_over_time({spec.name}[{w}]))"
-    return q
-
-
-def sub_key(figure: str, value: str) -> str:
-    """The answer key of ``figure`` for one value of the label it is split by:
-    ``sub_key("phase_seconds", "forward")`` is ``"phase_seconds:forward"``."""
-    return f"{figure}:{value}"
-
-
-_GPU_MEDIANS = {
-    "gpu_util": C.GPU_UTILIZATION_RATIO,
-    "gpu_mem_used": C.GPU_MEMORY_USED_BYTES,
-    "gpu_sm_clock": C.GPU_SM_CLOCK_HERTZ,
-    "gpu_sm_clock_max": C.GPU_SM_CLOCK_MAX_HERTZ,
-    "gpu_temperature": C.GPU_TEMPERATURE_CELSIUS,
-    "gpu_power": C.GPU_POWER_WATTS,
-    "gpu_power_limit": C.GPU_POWER_LIMIT_WATTS,
-}
-_GPU_MAXIMA = {
-    "gpu_mem_used_max": C.GPU_MEMORY_USED_BYTES,
-    "gpu_mem_total": C.GPU_MEMORY_TOTAL_BYTES,
-    "gpu_pcie_gen": C.GPU_PCIE_LINK_GENERATION,
-    "gpu_pcie_gen_max": C.GPU_PCIE_LINK_GENERATION_MAX,
-    "gpu_pcie_width": C.GPU_PCIE_LINK_WIDTH,
-    "gpu_pcie_width_max": C.GPU_PCIE_LINK_WIDTH_MAX,
-}
-# Rank memory kinds the rules read (RankStats: rss, allocated, peak).
-_MEMORY_KINDS = ("rss", "allocated", "peak")
 
 Answers = Mapping[str, Answer]
 
@@ -199,7 +102,9 @@ def build_snapshots(
 
     Column-wise: the ranks are indexed once, every figure becomes one column over that index
     (:mod:`.columns`), and each kind of object is built from its fields' columns at once
-    (:func:`_objects`): no Python call per rank and field.
+    (:func:`~auditor.analysis.frozen.from_columns`): no Python call per rank and field. The
+    statistics the rules read come with each snapshot (``precomputed_stats``), built from the
+    same columns by :func:`~auditor.analysis.stats.rank_stats_from_columns`.
     """
     wanted = None if jobs is None else set(jobs)
     rank_info = as_vector(answers.get("rank_info"))
@@ -264,36 +169,10 @@ def build_snapshots(
                 for g, gjob, _ in gpus.values()
                 if gjob == job or (not gjob and g.node in hosts_of[job])
             ),
-        ).with_stats(stats_of[job])
+            precomputed_stats=stats_of[job],
+        )
         for job, views in by_job.items()
     }
-
-
-# ------------------------------------------------------------------------------------------------
-# objects from columns
-
-_T = TypeVar("_T")
-
-
-def _objects(cls: type[_T], fields: Mapping[str, Sequence[Any]]) -> list[_T]:
-    """Instances of the frozen dataclass ``cls``, one per row of ``fields`` (a column per field,
-    every field of ``cls``), without its generated ``__init__``: one ``object.__setattr__`` per
-    field was most of the rebuild at 4,096 ranks. Each instance's ``__dict__`` is the dict of
-    its row, built in C (``map``, no Python frame per object). ``fields`` includes what a
-    ``__post_init__`` would derive; the tests check that every object equals the one its
-    constructor builds from the same fields."""
-    names = tuple(fields)
-    columns = list(fields.values())
-    count = len(columns[0]) if columns else 0
-    # The columns' lengths are checked once here; each row's zip with the names is then a
-    # plain zip (a strict one per row parsed its keyword every time: twice the cost). Copies
-    # of one dict of the names, updated, are ~15% cheaper than a dict built from each row.
-    rows = zip(*columns, strict=True)
-    values = list(map(dict.copy, repeat(dict.fromkeys(names), count)))
-    deque(map(dict.update, values, map(zip, repeat(names), rows)), maxlen=0)
-    objs = list(map(object.__new__, repeat(cls, count)))
-    deque(map(object.__setattr__, objs, repeat("__dict__"), values), maxlen=0)
-    return objs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,7 +254,7 @@ def _rank_infos(
         return list(map(methodcaller("get", name, default), labels))
 
     devices = list(map(owned.get, keys, [((), ())] * n))
-    return _objects(
+    return from_columns(
         RankInfo,
         {
             "rank": [rank for _, rank, _ in ranked],
@@ -396,16 +275,12 @@ def _rank_infos(
     )
 
 
-def _floats(values: Sequence[int | None]) -> list[float | None]:
-    return [None if x is None else float(x) for x in values]
-
-
 def _ranks(
     infos: Sequence[RankInfo], now: float, col: Callable[[str], Column]
 ) -> tuple[list[RankView], list[RankStats]]:
     """Each rank's view (its mean step over the window, its CPU) and the statistics the rules
     read, which :func:`auditor.analysis.stats.rank_stats` would reduce that view to, built from
-    the same columns at once.
+    the same columns at once (:func:`auditor.analysis.stats.rank_stats_from_columns`).
 
     A rank's mean step: ``n`` steps took ``dt`` seconds; no step sample where none finished in
     the window. Its CPU: a rank with any CPU series was seen by a node agent.
@@ -428,7 +303,7 @@ def _ranks(
         # At least one micro-batch a step (none reported: one).
         micro = rounded(np.fmax(col("micro_batches") / n, 1.0), 1)
     steps_in = rounded(np.fmax(n, 1.0), 1)  # at least 1 (NaN: 1)
-    rss, allocated, peak = (optional_ints(col(sub_key("memory", k))) for k in _MEMORY_KINDS)
+    rss, allocated, peak = (optional_ints(col(sub_key("memory", k))) for k in MEMORY_KINDS)
     main_col, total_col = (col(sub_key("cpu", p)) for p in C.CPU_PROCESSES)
     seen = (~np.isnan(main_col) | ~np.isnan(total_col)).tolist()
     main, total = optional(main_col), optional(total_col)
@@ -439,7 +314,7 @@ def _ranks(
     nones = [None] * count
     at = [now] * count
 
-    samples = _objects(
+    samples = from_columns(
         StepSample,
         {
             "rank": ranks,
@@ -463,7 +338,7 @@ def _ranks(
             "count": steps_in,
         },
     )
-    cpus = _objects(
+    cpus = from_columns(
         ProcessCpu,
         {
             "rank": ranks,
@@ -475,7 +350,7 @@ def _ranks(
             "worker_rss_bytes": nones,
         },
     )
-    views = _objects(
+    views = from_columns(
         RankView,
         {
             "info": infos,
@@ -486,53 +361,32 @@ def _ranks(
         },
     )
 
-    def stepping(values: Sequence[Any], otherwise: Any) -> list[Any]:
-        """A statistic over the window's steps: ``otherwise`` for a rank with none."""
-        return [v if ok else otherwise for v, ok in zip(values, stepped, strict=True)]
-
-    # Per-step figures are means already (total / steps over the window): the pace of a loader
-    # with workers too (RankStats.mean_step_s).
-    step_f, data_f = stepping(step_s, 0.0), stepping(data, 0.0)
-    wait_f = stepping(wait, None)
-    stats = _objects(
-        RankStats,
-        {
-            "rank": ranks,
-            "host": [info.host for info in infos],
-            "device": [info.device for info in infos],
-            "steps": stepping(steps_in, 0),
-            "step_s": step_f,
-            "data_wait_s": data_f,
-            "h2d_s": stepping(h2d, 0.0),
-            "forward_s": stepping(fwd, 0.0),
-            "backward_s": stepping(bwd, 0.0),
-            "optimizer_s": stepping(opt, 0.0),
-            "collective_wait_s": wait_f,
-            "compute_s": stepping(
-                [(a + b + c + d) or 0.0 for a, b, c, d in zip(h2d, fwd, bwd, opt, strict=True)],
-                0.0,
-            ),
-            "mean_step_s": step_f,
-            "mean_data_wait_s": data_f,
-            "mean_collective_wait_s": wait_f,
-            "batch_size": stepping(_floats(batch), None),
-            "rss_bytes": stepping(_floats(rss), None),
-            "mem_allocated_bytes": stepping(_floats(allocated), None),
-            "mem_peak_bytes": stepping(_floats(peak), None),
-            "loader": [info.loader for info in infos],
-            "data_cpu_s": nones,
-            "collective_ops": nones,
-            "mean_collective_ops": nones,
-            "main_cpu": [m if ok else None for m, ok in zip(main, seen, strict=True)],
-            "worker_cpu": [sum(e) if e and ok else None for e, ok in zip(each, seen, strict=True)],
-            "workers": [len(e) if ok else 0 for e, ok in zip(each, seen, strict=True)],
-            "worker_rss_bytes": nones,
-            "main_rss_bytes": [
-                None if not ok or r is None else float(r) for r, ok in zip(rss, seen, strict=True)
-            ],
-            "micro_batches": stepping([float(m) for m in micro], 1.0),
-            "local_s": [local_time(s, w) for s, w in zip(step_f, wait_f, strict=True)],
-        },
+    stats = rank_stats_from_columns(
+        rank=ranks,
+        host=[info.host for info in infos],
+        device=[info.device for info in infos],
+        loader=[info.loader for info in infos],
+        # A rank with no step sample took no step (the rest of its step figures are moot).
+        steps=[k if ok else 0 for k, ok in zip(steps_in, stepped, strict=True)],
+        step_s=step_s,
+        data_wait_s=data,
+        h2d_s=h2d,
+        forward_s=fwd,
+        backward_s=bwd,
+        optimizer_s=opt,
+        collective_wait_s=wait,
+        batch_size=batch,
+        micro_batches=micro,
+        rss_bytes=rss,
+        mem_allocated_bytes=allocated,
+        mem_peak_bytes=peak,
+        cpu_sampled=seen,
+        main_cpu=main,
+        worker_cpu=[sum(e) for e in each],
+        workers=[len(e) for e in each],
+        main_rss_bytes=rss,
+        # No pace given: per-step figures are window means (total / steps), the pace of a
+        # loader with workers too.
     )
     return views, stats
 
@@ -597,7 +451,7 @@ def _gpu_stats(
     index = {uuid: i for i, uuid in enumerate(identity)}
     # One column over the GPUs per figure (None where Prometheus had none).
     by_gpu = Columns(index, GPU)
-    v = {key: by_gpu.column(as_vector(answers.get(key))) for key in _GPU_FIGURES}
+    v = {key: by_gpu.column(as_vector(answers.get(key))) for key in GPU_FIGURES}
     with np.errstate(divide="ignore", invalid="ignore"):
         used, total = v["gpu_mem_used"], v["gpu_mem_total"]
         clock, clock_max = v["gpu_sm_clock"], v["gpu_sm_clock_max"]
@@ -672,16 +526,5 @@ def _gpu_stats(
     if not all(answered):
         figures = {k: list(compress(v, answered)) for k, v in figures.items()}
         uuids, jobs, ranks = (list(compress(v, answered)) for v in (uuids, jobs, ranks))
-    stats = _objects(DeviceStats, figures)
+    stats = from_columns(DeviceStats, figures)
     return dict(zip(uuids, zip(stats, jobs, ranks, strict=True), strict=True))
-
-
-_GPU_FIGURES = (
-    "gpu_samples",
-    "gpu_span",
-    "gpu_lost",
-    "gpu_mem_trend",
-    "gpu_mem_recent",
-    *_GPU_MEDIANS,
-    *_GPU_MAXIMA,
-)

@@ -17,86 +17,17 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.analysis.findings import Finding
-from auditor.analysis.snapshot import Snapshot
-from auditor.audit import Audit
+from auditor.audit import Overrides, Verdict, judge
 from auditor.metrics.query import PrometheusClient, PrometheusError, Vector
-from auditor.report.model import ReportFinding
 
 from .promsnapshot import Answers, build_snapshots, queries, running_jobs
 
 log = logging.getLogger("auditor.serve")
-
-Overrides = Mapping[str, Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """The verdict on one job at one evaluation."""
-
-    job: str
-    ranks: int
-    world_size: int
-    nodes: dict[int, str]
-    findings: tuple[Finding, ...]
-    imbalance_ratio: float | None
-    window: tuple[float, float]
-
-    @property
-    def predicted_speedup(self) -> float:
-        gains = [f.predicted_speedup for f in self.findings if f.predicted_speedup is not None]
-        return max(gains, default=1.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "ranks": self.ranks,
-            "world_size": self.world_size,
-            "window": {"start": self.window[0], "end": self.window[1]},
-            "imbalance_ratio": None
-            if self.imbalance_ratio is None
-            else round(self.imbalance_ratio, 4),
-            "predicted_speedup": round(self.predicted_speedup, 3),
-            "findings": [finding_dict(self, f) for f in self.findings],
-        }
-
-
-def finding_dict(result: JobResult, finding: Finding) -> dict[str, Any]:
-    """A finding as served over HTTP: the report's form plus its job and each rank's node."""
-    return {
-        "job": result.job,
-        **ReportFinding.of(finding).to_dict(),
-        "nodes": {str(r): result.nodes.get(r, "") for r in finding.ranks},
-    }
-
-
-def imbalance_ratio(snapshot: Snapshot, *, min_steps: int = 1) -> float | None:
-    """``1 - fastest/slowest`` local step time (step time minus the wait for peers) among the
-    ranks with steps in the window: the share of each step the least-loaded rank idles at the
-    barrier. None with fewer than two such ranks."""
-    stats = snapshot.ready(min_steps)
-    local = [s.local_s for s in stats.values() if s.local_s > 0]
-    if len(local) < 2:
-        return None
-    return 1.0 - min(local) / max(local)
-
-
-def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> JobResult:
-    """Runs the rules on one job's snapshot."""
-    return JobResult(
-        job=snapshot.job,
-        ranks=len(snapshot.ranks),
-        world_size=snapshot.world_size,
-        nodes={v.info.rank: v.info.host for v in snapshot.ranks},
-        findings=tuple(Audit(snapshot.job, overrides=overrides).judge_snapshot(snapshot)),
-        imbalance_ratio=imbalance_ratio(snapshot),
-        window=(snapshot.start, snapshot.end),
-    )
 
 
 def analyse_answers(
@@ -106,9 +37,10 @@ def analyse_answers(
     window_s: float,
     stale_after_s: float,
     overrides: Overrides | None = None,
-) -> dict[str, JobResult]:
+) -> dict[str, Verdict]:
     """The analysis half of an evaluation (what the benchmark times): running jobs, their
-    snapshots and verdicts, from the answers already fetched."""
+    snapshots and verdicts (:func:`auditor.audit.judge`, as every other path), from the
+    answers already fetched."""
     with no_cyclic_gc():
         return _analyse(answers, now, window_s, stale_after_s, overrides)
 
@@ -133,7 +65,7 @@ def _analyse(
     window_s: float,
     stale_after_s: float,
     overrides: Overrides | None,
-) -> dict[str, JobResult]:
+) -> dict[str, Verdict]:
     jobs = [
         j for j, w in running_jobs(answers, now, stale_after_s=stale_after_s).items() if w.running
     ]
@@ -174,7 +106,7 @@ class Health:
 class Published:
     """What readers (the exporter, the JSON API) see: swapped whole, never edited in place."""
 
-    results: dict[str, JobResult] = field(default_factory=dict)
+    results: dict[str, Verdict] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
 
 

@@ -14,21 +14,21 @@ from auditor.analysis.rules import (
     hardware_straggler,
     memory_headroom,
 )
-from auditor.report.phrasing import phrase
 from auditor.samples import Batch, StepSample
 from auditor.telemetry.recorded import batch_records, read_recording, write_recording
 from tests.analysis.test_hardware_straggler import HOT, gpus_with, job, slow_rank
 from tests.helpers.gpus import H100_TOTAL
-from tests.helpers.jobs import RankSpec, ddp_snapshot, forward_straggler, uneven_batch
+from tests.helpers.jobs import (
+    RankSpec,
+    accumulating,
+    ddp_snapshot,
+    forward_straggler,
+    uneven_batch,
+)
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB
 
 PER_MICRO = "(per micro-batch; 4 accumulated per step)"
-
-
-def accumulating(specs: list[RankSpec], n: int = 4) -> list[RankSpec]:
-    """The same per-step batches, each step made of ``n`` micro-batches."""
-    return [replace(s, micro_batches=n) for s in specs]
 
 
 def test_rank_stats_carry_the_micro_batches_and_their_size() -> None:
@@ -43,43 +43,52 @@ def test_rank_stats_carry_the_micro_batches_and_their_size() -> None:
 
 
 def test_compute_straggler_advises_the_micro_batch() -> None:
-    (f,) = compute_straggler.detect(ddp_snapshot(accumulating(forward_straggler())))
+    (f,) = compute_straggler.RULE(ddp_snapshot(accumulating(forward_straggler())))
     assert f.ranks == (2,)
     # 1.4x slower per sample: 8 * 100 / 140 = 5.7 -> 6 per micro-batch (not 32 -> 23).
     assert f.facts.ranks[2].batch_size == 8 and f.facts.ranks[2].batch_share == 6
-    assert f"batch_size 8 -> 6 {PER_MICRO}" in phrase(f).fixes[2]
-    assert "32" not in phrase(f).fixes[2]
+    assert f.facts.ranks[2].accumulated == 4
+    assert [(x.lever, x.current, x.proposed) for x in f.fixes if x.lever == "batch_size"] == [
+        ("batch_size", 8, 6)
+    ]
 
 
 def test_hardware_straggler_advises_the_micro_batch() -> None:
-    (f,) = hardware_straggler.detect(job(gpus_with(2, HOT), accumulating(slow_rank(2))))
+    (f,) = hardware_straggler.RULE(job(gpus_with(2, HOT), accumulating(slow_rank(2))))
     assert f.ranks == (2,)
-    # 8 / 1.4 = 5.7 -> 5 per micro-batch.
-    assert f"batch_size 8 -> 5 {PER_MICRO}" in phrase(f).fixes[2]
+    # 8 / 1.4 = 5.7 -> 5 per micro-batch, 4 accumulated per step (the words: phrasing tests).
+    gpu = f.facts.ranks[2]
+    assert (gpu.batch_size, gpu.batch_share, gpu.accumulated) == (8, 5, 4)
+    assert [(x.lever, x.current, x.proposed) for x in f.fixes if x.lever == "batch_size"] == [
+        ("batch_size", 8, 5)
+    ]
 
 
 def test_batch_split_compares_steps_and_advises_micro_batches() -> None:
-    (f,) = batch_split.detect(ddp_snapshot(accumulating(uneven_batch())))
+    (f,) = batch_split.RULE(ddp_snapshot(accumulating(uneven_batch())))
     assert f.ranks == (1,)
     # The comparison stays per step: samples each rank processes per optimizer step.
     assert f.evidence["batch_size"] == {"0": 32, "1": 64, "2": 32, "3": 32}
-    assert phrase(f).summary.startswith(
-        "uneven per-rank batches (rank 0: 32, rank 1: 64, rank 2: 32, rank 3: 32)"
-    )
+    assert f.facts.batches == {0: 32, 1: 64, 2: 32, 3: 32}
     # The fix in the DataLoader's batch: micro-batches 8, 16, 8, 8 -> 10 each (global 160).
+    # (In words: tests/report/phrasing/test_batch_split.py.)
     assert f.evidence["micro_batches"] == {"0": 4, "1": 4, "2": 4, "3": 4}
     assert f.evidence["equal_micro_batch_size"] == {"0": 10, "1": 10, "2": 10, "3": 10}
-    fixes = phrase(f).fixes
-    assert fixes[1].startswith(f"batch_size 16 -> 10 {PER_MICRO[:-1]})")
-    assert fixes[0].startswith(
-        "batch_size 8 -> 10 (per micro-batch; 4 accumulated per step; keeps the global batch "
-        "of 160 per step)"
+    assert (f.facts.accumulated, f.facts.micro_equal) == (
+        {0: 4, 1: 4, 2: 4, 3: 4},
+        {0: 10, 1: 10, 2: 10, 3: 10},
     )
+    assert [(x.rank, x.lever, x.current, x.proposed) for x in f.fixes] == [
+        (0, "batch_size", 8, 10),
+        (1, "batch_size", 16, 10),
+        (2, "batch_size", 8, 10),
+        (3, "batch_size", 8, 10),
+    ]
 
 
 def test_memory_headroom_fits_memory_against_the_micro_batch() -> None:
     snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35, micro_batches=4)
-    (f,) = memory_headroom.detect(snap)
+    (f,) = memory_headroom.RULE(snap)
     row = f.evidence["per_rank"]["0"]
     # The same fit as without accumulation: one micro-batch's activations are alive at a time.
     assert row["batch_sizes"] == [16, 32, 48, 64]
@@ -87,11 +96,11 @@ def test_memory_headroom_fits_memory_against_the_micro_batch() -> None:
     assert row["current_batch"] == 64 and row["micro_batches"] == 4
     largest = int((0.9 * H100_TOTAL / GIB - 7.0) / 0.35)
     assert row["largest_batch"] == largest
-    text = phrase(f)
-    assert text.fixes[0].startswith(f"batch_size 64 -> up to {largest} {PER_MICRO} fits")
-    assert f"a micro-batch of up to {largest} fits (now 64; 4 accumulated per step)" in (
-        text.summary
-    )
+    # The advice is per micro-batch (its wording: tests/report/phrasing/test_memory_headroom.py).
+    assert f.facts.ranks[0].accumulated == 4
+    assert [(x.rank, x.lever, x.current, x.proposed) for x in f.fixes if x.rank == 0] == [
+        (0, "batch_size", 64, largest)
+    ]
 
 
 def test_memory_pressure_sizes_the_micro_batch() -> None:
@@ -105,7 +114,12 @@ def test_memory_pressure_sizes_the_micro_batch() -> None:
         suggested,
         4,
     )
-    assert f"batch_size 64 -> {suggested} {PER_MICRO}" in phrase(f).fixes[0]
+    # Per micro-batch (its wording: tests/report/phrasing/test_memory_pressure.py).
+    assert f.facts.ranks[0].accumulated == 4
+    assert (f.facts.ranks[0].batch, f.facts.ranks[0].smaller_batch) == (64, suggested)
+    assert ("batch_size", 0, 64, suggested) in [
+        (x.lever, x.rank, x.current, x.proposed) for x in f.fixes
+    ]
 
 
 def test_micro_batches_on_the_wire_and_in_recordings(tmp_path: Path) -> None:
@@ -126,12 +140,14 @@ def test_batch_split_with_ranks_that_accumulate_differently() -> None:
     # Micro-batches of 8 everywhere; rank 1 accumulates 4 (32 per step), the others 2 (16).
     specs = [RankSpec(batch_size=16, micro_batches=2) for _ in range(4)]
     specs[1] = RankSpec(micro_batches=4).scaled(2.0, batch_size=32)
-    (f,) = batch_split.detect(ddp_snapshot(specs))
+    (f,) = batch_split.RULE(ddp_snapshot(specs))
     assert f.ranks == (1,)
-    fixes = phrase(f).fixes
     # The equal split per step is 20 (80 over 4): 5 per micro-batch of rank 1, 10 elsewhere.
-    assert fixes[1].startswith(f"batch_size 8 -> 5 {PER_MICRO}")
-    assert fixes[0].startswith(
-        "batch_size 8 -> 10 (per micro-batch; 2 accumulated per step; keeps the global batch "
-        "of 80 per step)"
-    )
+    assert f.facts.global_batch == 80
+    assert f.facts.accumulated == {0: 2, 1: 4, 2: 2, 3: 2}
+    assert [(x.rank, x.lever, x.current, x.proposed) for x in f.fixes] == [
+        (0, "batch_size", 8, 10),
+        (1, "batch_size", 8, 5),
+        (2, "batch_size", 8, 10),
+        (3, "batch_size", 8, 10),
+    ]

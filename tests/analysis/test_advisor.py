@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
+from auditor.analysis import analyze, engine
 from auditor.analysis.advisor import comm_floor, job_step_s, predicted_speedup
 from auditor.analysis.findings import Finding, severity_for
 from auditor.analysis.measures import PeerMedians, peer_median, ready
+from auditor.analysis.rules import REGISTRY, RULES
 from auditor.analysis.stats import RankStats
 from tests.helpers.jobs import JobBuilder, RankSpec
 
@@ -126,16 +129,23 @@ def test_severity_thresholds_are_parameters() -> None:
     assert severity_for(1.3, critical_at=1.3) == "critical"
 
 
-@pytest.mark.parametrize(
-    ("kw", "message"),
-    [
-        ({"kind": "no_such_kind", "severity": "info"}, "unknown finding kind"),
-        ({"kind": "batch_split", "severity": "fatal"}, "unknown severity"),
-    ],
-)
-def test_finding_validates_kind_and_severity(kw: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        Finding(ranks=(), **kw)
+def test_finding_validates_its_severity() -> None:
+    with pytest.raises(ValueError, match="unknown severity"):
+        Finding(kind="batch_split", severity="fatal", ranks=())
+
+
+def test_the_engine_refuses_a_finding_of_a_kind_no_rule_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rule = RULES["batch_split"]
+    rogue = dataclasses.replace(
+        rule,
+        measure=lambda snap, t: snap,
+        decide=lambda i, t, e: [Finding(kind="no_such_kind", severity="info", ranks=())],
+    )
+    monkeypatch.setattr(engine, "REGISTRY", tuple(rogue if r is rule else r for r in REGISTRY))
+    with pytest.raises(ValueError, match="unknown kind 'no_such_kind'"):
+        analyze(JobBuilder([RankSpec(), RankSpec()]).run(10).snapshot())
 
 
 def test_common_helpers() -> None:

@@ -6,10 +6,12 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import batch_split
-from auditor.analysis.rules.batch_split import equalising_split
-from auditor.report.phrasing import phrase
+from auditor.analysis.rules.batch_split import KIND, equalising_split
 from tests.helpers.jobs import JobBuilder, RankSpec, balanced, ddp_snapshot, uneven_batch
+
+RULE = batch_split.RULE
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -18,30 +20,40 @@ def _only(findings: list[Finding]) -> Finding:
 
 
 def test_blames_the_rank_with_the_larger_batch() -> None:
-    f = _only(batch_split.detect(ddp_snapshot(uneven_batch())))
+    f = _only(RULE(ddp_snapshot(uneven_batch())))
     assert f.kind == "batch_split"
     assert f.ranks == (1,)
     assert f.evidence["batch_size"] == {"0": 32, "1": 64, "2": 32, "3": 32}
+    assert f.facts.batches == {0: 32, 1: 64, 2: 32, 3: 32}
+    assert (f.facts.small, f.facts.large, f.facts.sample_weight) == ((0, 2, 3), (1,), 2.0)
 
 
 def test_equalising_sizes_keep_the_global_batch() -> None:
     # Same compute per sample everywhere, so the equalising split is the global batch of
     # 32 * 3 + 64 = 160 shared equally: 40 each.
-    f = _only(batch_split.detect(ddp_snapshot(uneven_batch())))
+    f = _only(RULE(ddp_snapshot(uneven_batch())))
     target = f.evidence["equalising_batch_size"]
     assert f.evidence["global_batch"] == 160
     assert sum(target.values()) == 160
     assert target == {"0": 40, "1": 40, "2": 40, "3": 40}
-    assert phrase(f).fixes[1].startswith("batch_size 64 -> 40")
-    for r in (0, 2, 3):
-        assert phrase(f).fixes[r].startswith("batch_size 32 -> 40 (keeps the global batch of 160)")
+    assert f.facts.equal == {0: 40, 1: 40, 2: 40, 3: 40}
+    assert f.facts.global_batch == 160
+    # Every rank moves to the equal split: rank 1 down, the others up to keep the global batch
+    # (same speeds: no loss-weighting alternative).
+    speedup = f.predicted_speedup
+    assert f.fixes == (
+        Fix("batch_size", 0, 32, 40, speedup, (KIND,)),
+        Fix("batch_size", 1, 64, 40, speedup, (KIND,)),
+        Fix("batch_size", 2, 32, 40, speedup, (KIND,)),
+        Fix("batch_size", 3, 32, 40, speedup, (KIND,)),
+    )
 
 
 def test_predicted_speedup_matches_barrier_model() -> None:
     # By hand: rank 1 local = 1 ms data + 2 x 100 ms compute = 201 ms, floor 4 ms: before 205 ms.
     # After: every rank at 40 samples x 3.125 ms/sample + 1 ms = 126 ms, + 4 ms = 130 ms.
     # 205 / 130 = 1.577.
-    f = _only(batch_split.detect(ddp_snapshot(uneven_batch())))
+    f = _only(RULE(ddp_snapshot(uneven_batch())))
     assert f.predicted_speedup == pytest.approx(205 / 130, rel=0.02)
 
 
@@ -82,18 +94,18 @@ def test_other_rules_leave_the_split_to_batch_split() -> None:
     ],
 )
 def test_decision_table(specs: list, thresholds: dict, expected_ranks: tuple[int, ...]) -> None:
-    findings = batch_split.detect(ddp_snapshot(specs), **thresholds)
+    findings = RULE(ddp_snapshot(specs), **thresholds)
     assert tuple(r for f in findings for r in f.ranks) == expected_ranks
 
 
 def test_dataparallel_is_left_to_other_rules() -> None:
     snap = JobBuilder(uneven_batch(), parallel_mode="dataparallel").run(24).snapshot()
-    assert batch_split.detect(snap) == []
+    assert RULE(snap) == []
 
 
 def test_silent_below_min_steps() -> None:
-    assert batch_split.detect(ddp_snapshot(uneven_batch(), steps=7)) == []
-    assert _only(batch_split.detect(ddp_snapshot(uneven_batch(), steps=8))).ranks == (1,)
+    assert RULE(ddp_snapshot(uneven_batch(), steps=7)) == []
+    assert _only(RULE(ddp_snapshot(uneven_batch(), steps=8))).ranks == (1,)
 
 
 @pytest.mark.parametrize(

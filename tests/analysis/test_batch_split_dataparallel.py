@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from auditor.analysis import analyze
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import batch_split
+from auditor.analysis.rules.batch_split import KIND, SAMPLES_PER_SECOND, ShortGpu
 from auditor.analysis.snapshot import Snapshot
-from auditor.report.phrasing import phrase
 from auditor.samples import Batch
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, RankSpec
@@ -27,21 +28,32 @@ def dp_batch(batch: int, n: int = 4, *, gpus: bool = True, steps: int = 24) -> S
     return job.snapshot()
 
 
+RULE = batch_split.RULE
+
+
 def test_30_over_4_names_the_short_gpu_and_the_nearest_batches() -> None:
-    (f,) = batch_split.detect(dp_batch(30))
+    (f,) = RULE(dp_batch(30))
     assert f.kind == "batch_split"
     assert f.ranks == (0,)
     assert f.evidence["chunk_sizes"] == [8, 8, 8, 6]
     assert f.evidence["gpu_count"] == 4
     assert [(g["index"], g["uuid"]) for g in f.evidence["gpus"]] == [(3, gpu_uuid("node0", 3))]
+    assert f.gpus == (gpu_uuid("node0", 3),)
     assert [v["chunk"] for v in f.evidence["per_gpu"].values()] == [8, 8, 8, 6]
     # 32 keeps the step (chunks of 8) and does 2 more samples; 28 saves an eighth of the
     # compute but not of the rest of the step: 32 first.
     assert f.evidence["nearest_batches"] == [32, 28]
     assert f.evidence["even_chunk_sizes"] == [8, 8, 7, 7]
-    assert phrase(f).fixes[0].startswith("batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU)")
-    assert "8, 8, 8, 6 (GPU 3 gets 6)" in phrase(f).fixes[0]
-    assert "8, 8, 7, 7" in phrase(f).fixes[0]
+    assert f.evidence["speedup_model"] == SAMPLES_PER_SECOND
+    assert (f.facts.chunks, f.facts.short) == ((8, 8, 8, 6), (ShortGpu(3, 6),))
+    assert (f.facts.nearest, f.facts.even) == ((32, 28), (8, 8, 7, 7))
+    # The nearest batches best first, or the batch kept with explicit per-GPU chunks.
+    speedup = f.predicted_speedup
+    assert f.fixes == (
+        Fix("batch_size", 0, 30, 32, speedup, (KIND,)),
+        Fix("batch_size", 0, 30, 28, speedup, (KIND,)),
+        Fix("scatter_chunks", 0, "8,8,8,6", "8,8,7,7", speedup, (KIND,)),
+    )
     # Samples per second: 32 samples in the step that did 30.
     assert f.predicted_speedup == pytest.approx(32 / 30, rel=0.01)
     assert f.severity == "info"
@@ -64,7 +76,7 @@ def test_30_over_4_names_the_short_gpu_and_the_nearest_batches() -> None:
 def test_decision_table(
     batch: int, n: int, chunks: list[int] | None, short: list[int], speedup: float | None
 ) -> None:
-    findings = batch_split.detect(dp_batch(batch, n))
+    findings = RULE(dp_batch(batch, n))
     if chunks is None:
         assert findings == []
         return
@@ -72,19 +84,22 @@ def test_decision_table(
     assert f.ranks == (0,)
     assert f.evidence["chunk_sizes"] == chunks
     assert [g["index"] for g in f.evidence["gpus"]] == short
+    assert f.gpus == tuple(gpu_uuid("node0", g) for g in short)
     assert f.predicted_speedup == pytest.approx(speedup, rel=0.01)
+    assert f.fixes[0].lever == "batch_size" and f.fixes[-1].lever == "scatter_chunks"
 
 
 def test_gpu_count_from_the_ranks_devices_without_nvml() -> None:
-    (f,) = batch_split.detect(dp_batch(30, gpus=False))
+    (f,) = RULE(dp_batch(30, gpus=False))
     assert f.evidence["chunk_sizes"] == [8, 8, 8, 6]
     assert [(g["index"], g["uuid"]) for g in f.evidence["gpus"]] == [(3, None)]
+    assert f.gpus == ()  # no UUID to name
 
 
 def test_silent_below_min_steps_and_for_a_single_gpu() -> None:
-    assert batch_split.detect(dp_batch(30, steps=7)) == []
-    assert batch_split.detect(dp_batch(30), min_steps=25) == []
-    assert batch_split.detect(dp_batch(31, 1)) == []
+    assert RULE(dp_batch(30, steps=7)) == []
+    assert RULE(dp_batch(30), min_steps=25) == []
+    assert RULE(dp_batch(31, 1)) == []
 
 
 def test_engine_reports_only_the_split_for_an_otherwise_balanced_dp_job() -> None:

@@ -15,12 +15,15 @@ import pytest
 from auditor.analysis.budget import (
     AUTOCAST_FACTOR,
     CHECKPOINT_FACTOR,
+    DEVICE_LESS_OUTSIDE,
+    DEVICE_TOTAL,
+    HOST_SHARE,
     capacity,
     model_for,
 )
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import memory_headroom, memory_imbalance, memory_pressure
 from auditor.analysis.snapshot import RankView, Snapshot
-from auditor.report.phrasing import phrase
 from auditor.samples import MemoryBudget, RankInfo, StepSample
 from auditor.wording import fmt_bytes
 from tests.helpers.units import GIB, MIB
@@ -57,7 +60,7 @@ def test_fixed_part_and_capacity_on_a_gpu() -> None:
     assert m.per_sample_bytes == 10 * MIB
     assert m.current_bytes == 480 * MIB
     assert m.capacity_bytes == pytest.approx(USABLE)
-    assert m.capacity_source == "device total (its CUDA context not measured)"
+    assert m.capacity_source == DEVICE_TOTAL == "device_total"
     assert m.largest_batch() == math.floor(FREE / (10 * MIB)) == 52
     assert m.main_lever == "fixed"  # 400 MiB fixed against 80 MiB of activations
 
@@ -66,7 +69,7 @@ def test_what_the_gpu_holds_outside_the_allocator_is_not_room_for_the_batch() ->
     # 100 MiB of CUDA context (and whatever else the GPU holds beside this rank's allocator).
     m = model_for(adam(device_outside_bytes=100 * MIB), batch=8, margin=0.1, world_size=1)
     assert m.capacity_bytes == pytest.approx(USABLE - 100 * MIB)
-    assert m.capacity_source == "device total less what the CUDA context and other processes hold"
+    assert m.capacity_source == DEVICE_LESS_OUTSIDE
     assert m.largest_batch() == math.floor((FREE - 100 * MIB) / (10 * MIB)) == 42
     assert m.usable(GIB) == GIB - 100 * MIB
 
@@ -90,7 +93,7 @@ def test_capacity_on_a_cpu_job_is_the_ranks_share_of_the_host() -> None:
     b = adam(device="cpu", device_total_bytes=None, host_total_bytes=32 * GIB)
     b2 = MemoryBudget(**{**b.to_dict(), "host_available_bytes": 8 * GIB, "local_ranks": 2})
     cap, source = capacity(b2, margin=0.1, batch=8)
-    assert source == "host memory available per rank"
+    assert source == HOST_SHARE
     # what the rank holds now (480 MiB) + 90% of its half of the available 8 GiB
     assert cap == pytest.approx(480 * MIB + 0.9 * 4 * GIB)
 
@@ -151,6 +154,19 @@ def test_activations_are_the_lever_when_they_dominate() -> None:
     assert model_for(b, batch=8, margin=0.1, world_size=1).main_lever == "activations"
 
 
+def test_the_largest_levers_as_fixes() -> None:
+    m = model_for(adam(), batch=8, margin=0.1, world_size=4)
+    # shard 300 MiB, sgd 200 MiB, then bf16_params and sgd_momentum 100 MiB each (the first).
+    assert [lv.name for lv in m.largest_levers()] == ["shard", "sgd", "bf16_params"]
+    assert m.fixes(0, ("memory_headroom",), gpu="GPU-0") == [
+        Fix("sharding", 0, None, True, None, ("memory_headroom",), "GPU-0"),
+        Fix("optimizer", 0, "Adam", "sgd", None, ("memory_headroom",), "GPU-0"),
+        Fix("bf16_params", 0, None, True, None, ("memory_headroom",), "GPU-0"),
+    ]
+    assert m.evidence()["source"] == "budget"
+    assert m.evidence()["capacity_source"] == DEVICE_TOTAL
+
+
 def test_extra_module_copies_count_in_the_fixed_part() -> None:
     m = model_for(adam(other_module_bytes=100 * MIB), batch=8, margin=0.1, world_size=1)
     assert m.fixed_bytes == 500 * MIB
@@ -179,30 +195,37 @@ def snap(*views: RankView) -> Snapshot:
 
 
 def test_headroom_says_the_largest_batch_from_the_budget() -> None:
-    found = memory_headroom.detect(snap(view(0, adam()), view(1, adam(rank=1))))
+    found = memory_headroom.RULE(snap(view(0, adam()), view(1, adam(rank=1))))
     assert [(f.severity, f.ranks) for f in found] == [("info", (0, 1))]
     row = found[0].evidence["per_rank"]["0"]
     assert row["largest_batch"] == 52 and row["current_batch"] == 8
     assert row["levers"]["sgd"]["frees_bytes"] == 200 * MIB
     assert row["main_lever"] == "fixed"
+    assert found[0].gpus == ()
+    assert found[0].fixes == tuple(
+        Fix("batch_size", r, 8, 52, None, ("memory_headroom",)) for r in (0, 1)
+    )
 
 
 def test_headroom_warns_when_the_batch_does_not_fit_on_a_gpu() -> None:
-    found = memory_headroom.detect(snap(view(0, adam(), batch=64)))
+    found = memory_headroom.RULE(snap(view(0, adam(), batch=64)))
     assert [(f.kind, f.severity, f.ranks) for f in found] == [("memory_headroom", "warning", (0,))]
-    fix = phrase(found[0]).fixes[0]
     # 640 MiB of activations against a 400 MiB fixed part: checkpointing first.
-    assert "the lever is the activations" in fix
-    assert fix.index("gradient checkpointing") < fix.index("plain SGD")
+    assert found[0].facts.ranks[0].main_lever == "activations"
+    assert [(x.lever, x.proposed) for x in found[0].fixes] == [
+        ("gradient_checkpointing", True),
+        ("autocast_bf16", True),
+        ("optimizer", "sgd"),
+    ]
     big = adam(
         param_bytes=250 * MIB, param_bytes_by_dtype={"float32": 250 * MIB}, grad_bytes=250 * MIB,
         optimizer_bytes=500 * MIB, optimizer_bytes_by_kind={"exp_avg": 250 * MIB},
     )  # fmt: skip
-    found = memory_headroom.detect(snap(view(0, big)))
+    found = memory_headroom.RULE(snap(view(0, big)))
     assert [f.severity for f in found] == ["warning"]
-    fix = phrase(found[0]).fixes[0]
-    assert "the lever is the fixed part" in fix
+    assert found[0].facts.ranks[0].main_lever == "fixed"
     assert found[0].evidence["per_rank"]["0"]["levers"]["sgd"]["frees_bytes"] == 500 * MIB
+    assert found[0].fixes[0] == Fix("optimizer", 0, "Adam", "sgd", None, ("memory_headroom",))
 
 
 def test_headroom_on_a_cpu_job_stays_info() -> None:
@@ -210,14 +233,13 @@ def test_headroom_on_a_cpu_job_stays_info() -> None:
         device="cpu", device_total_bytes=None, host_total_bytes=64 * GIB,
         host_available_bytes=32 * GIB, local_ranks=2,
     )  # fmt: skip
-    found = memory_headroom.detect(snap(view(0, cpu)))
+    found = memory_headroom.RULE(snap(view(0, cpu)))
     assert found and all(f.severity == "info" for f in found)
-    # The host would "fit" thousands of samples: the figure stays in the evidence, and the fix
-    # offers no batch the rank should not take.
+    # The host would "fit" thousands of samples: the figure stays in the evidence, and no fix
+    # offers a batch the rank should not take.
     assert found[0].evidence["per_rank"]["0"]["largest_batch"] > 1000
-    assert (
-        "->" not in phrase(found[0]).fixes[0] and "nothing to change" in phrase(found[0]).fixes[0]
-    )
+    assert found[0].evidence["per_rank"]["0"]["capacity_source"] == HOST_SHARE
+    assert found[0].fixes == ()
 
 
 def test_pressure_on_a_cpu_host_short_of_memory() -> None:
@@ -227,31 +249,34 @@ def test_pressure_on_a_cpu_host_short_of_memory() -> None:
             host_available_bytes=avail,
         )  # fmt: skip
 
-    assert memory_pressure.detect(snap(view(0, cpu(16 * GIB)))) == []
-    found = memory_pressure.detect(snap(view(0, cpu(2 * GIB))))  # 3% available
+    assert memory_pressure.RULE(snap(view(0, cpu(16 * GIB)))) == []
+    found = memory_pressure.RULE(snap(view(0, cpu(2 * GIB))))  # 3% available
     assert [(f.severity, f.ranks) for f in found] == [("warning", (0,))]
-    assert "plain SGD" in phrase(found[0]).fixes[0]
-    found = memory_pressure.detect(snap(view(0, cpu(GIB))))  # 1.6%
+    assert found[0].facts.host == "h" and found[0].gpus == ()
+    assert Fix("optimizer", 0, "Adam", "sgd", None, ("memory_pressure",)) in found[0].fixes
+    found = memory_pressure.RULE(snap(view(0, cpu(GIB))))  # 1.6%
     assert found[0].severity == "critical"
 
 
 def test_imbalance_names_the_rank_with_an_extra_copy() -> None:
-    found = memory_imbalance.detect(
+    found = memory_imbalance.RULE(
         snap(view(0, adam()), view(1, adam(rank=1, other_module_bytes=100 * MIB)))
     )
     assert [f.ranks for f in found] == [(1,)]
     assert found[0].evidence["extra_by_part"] == {"other_module_bytes": 100 * MIB}
-    assert "EMA" in phrase(found[0]).fixes[1]
+    assert found[0].evidence["source"] == "budget"
+    assert found[0].facts.main_part == "other_module_bytes"
+    assert found[0].fixes == (Fix("memory_release", 1, 100 * MIB, 0, None, ("memory_imbalance",)),)
 
 
 def test_balanced_budgets_raise_nothing() -> None:
     views = [view(r, adam(rank=r)) for r in range(4)]
-    assert memory_imbalance.detect(snap(*views)) == []
+    assert memory_imbalance.RULE(snap(*views)) == []
 
 
 def test_small_differences_are_not_an_imbalance() -> None:
     # 512 KiB more buffers: under the 1 MiB floor.
-    found = memory_imbalance.detect(
+    found = memory_imbalance.RULE(
         snap(view(0, adam()), view(1, adam(rank=1, buffer_bytes=512 * 1024)))
     )
     assert found == []

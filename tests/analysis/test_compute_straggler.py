@@ -9,8 +9,9 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import compute_straggler
-from auditor.report.phrasing import phrase
+from auditor.analysis.rules.compute_straggler import KIND
 from tests.helpers.jobs import (
     backward_straggler,
     balanced,
@@ -47,11 +48,12 @@ def _only(findings: list[Finding]) -> Finding:
     ],
 )
 def test_blames_the_slow_rank_and_names_the_phase(specs: list, slow_rank: int, phase: str) -> None:
-    f = _only(compute_straggler.detect(ddp_snapshot(specs)))
+    f = _only(compute_straggler.RULE(ddp_snapshot(specs)))
     assert f.ranks == (slow_rank,)
-    assert set(phrase(f).fixes) == {slow_rank}
+    assert {fix.rank for fix in f.fixes} == {slow_rank}
+    assert f.facts.ranks[slow_rank].phase == phase
     assert f.evidence["per_rank"][str(slow_rank)]["phase"] == phase
-    assert phrase(f).fixes[slow_rank].startswith(f"{phase} takes ")
+    assert f.fixes[0] == Fix("rank_work", slow_rank, phase, None, f.predicted_speedup, (KIND,))
     # No other finding blames a rank that only waits.
     for other in analyze(ddp_snapshot(specs)):
         assert set(other.ranks) <= {slow_rank}, other.to_dict()
@@ -68,7 +70,7 @@ def test_slow_backward_found_with_the_wait_carved_out() -> None:
     assert wait[0] == pytest.approx(0.064, rel=0.1)
     assert wait[1] == pytest.approx(0.004, rel=0.1)
 
-    f = _only(compute_straggler.detect(snap))
+    f = _only(compute_straggler.RULE(snap))
     assert f.ranks == (1,)
     assert f.evidence["per_rank"]["1"]["phase"] == "backward"
     # Own backward compute: 120 ms against 60 ms.
@@ -76,14 +78,14 @@ def test_slow_backward_found_with_the_wait_carved_out() -> None:
     assert f.evidence["per_rank"]["1"]["peer_phase_ms"] == pytest.approx(60, rel=0.05)
     for finding in analyze(snap):
         assert 0 not in finding.ranks, finding.to_dict()
-        assert 0 not in phrase(finding).fixes, finding.to_dict()
+        assert all(fix.rank != 0 for fix in finding.fixes), finding.to_dict()
 
 
 def test_predicted_speedup_matches_barrier_model() -> None:
     # By hand: rank 2's local time is 1 + 5 + 70 + 60 + 5 = 141 ms, peers' 101 ms, comm floor
     # 4 ms. Before: 141 + 4 = 145 ms; after (rank 2 at its peers' median local): 101 + 4 = 105 ms.
     # 145 / 105 = 1.381.
-    f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
+    f = _only(compute_straggler.RULE(ddp_snapshot(forward_straggler())))
     assert f.predicted_speedup == pytest.approx(145 / 105, rel=0.02)
     assert f.severity == "warning"
 
@@ -91,15 +93,16 @@ def test_predicted_speedup_matches_barrier_model() -> None:
 def test_two_stragglers_are_both_blamed() -> None:
     # Rank 0 very slow (backward 260 ms), rank 1 moderately (backward 100 ms), ranks 2-3 normal.
     specs = with_rank(with_rank(balanced(4), 0, backward=0.260), 1, backward=0.100)
-    f = _only(compute_straggler.detect(ddp_snapshot(specs)))
+    f = _only(compute_straggler.RULE(ddp_snapshot(specs)))
     assert f.ranks == (0, 1)
-    assert set(phrase(f).fixes) == {0, 1}
+    assert {fix.rank for fix in f.fixes} == {0, 1}
 
 
 def test_batch_size_alternative_for_a_slower_device() -> None:
     # Rank 2 computes 1.4x slower per sample: 32 * 100 / 140 = 22.9 -> 23.
-    f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
-    assert "batch_size 32 -> 23" in phrase(f).fixes[2]
+    f = _only(compute_straggler.RULE(ddp_snapshot(forward_straggler())))
+    batch = [fix for fix in f.fixes if fix.lever == "batch_size"]
+    assert batch == [Fix("batch_size", 2, 32, 23, f.predicted_speedup, (KIND,))]
 
 
 @pytest.mark.parametrize(
@@ -122,7 +125,7 @@ def test_batch_size_alternative_for_a_slower_device() -> None:
     ],
 )
 def test_decision_table(specs: list, thresholds: dict, expected_ranks: tuple[int, ...]) -> None:
-    findings = compute_straggler.detect(ddp_snapshot(specs), **thresholds)
+    findings = compute_straggler.RULE(ddp_snapshot(specs), **thresholds)
     assert tuple(r for f in findings for r in f.ranks) == expected_ranks
 
 
@@ -148,13 +151,13 @@ def test_a_rank_with_unmeasured_wait_that_only_waits_is_not_blamed() -> None:
     # least. Rank 0 spends ~40 ms a step waiting inside backward and must not be blamed.
     specs = forward_straggler()
     specs[0] = replace(specs[0], measure_wait=False)
-    findings = compute_straggler.detect(ddp_snapshot(specs))
+    findings = compute_straggler.RULE(ddp_snapshot(specs))
     assert [f.ranks for f in findings] == [(2,)]
 
 
 def test_silent_below_min_steps() -> None:
-    assert compute_straggler.detect(ddp_snapshot(forward_straggler(), steps=7)) == []
-    f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler(), steps=8)))
+    assert compute_straggler.RULE(ddp_snapshot(forward_straggler(), steps=7)) == []
+    f = _only(compute_straggler.RULE(ddp_snapshot(forward_straggler(), steps=8)))
     assert f.ranks == (2,)
 
 
@@ -165,9 +168,9 @@ def test_names_the_collectives_the_others_wait_in() -> None:
     for r in (0, 1, 3):  # the peers wait for rank 2 mostly in the gradient all-reduce
         snap = collective_ops(snap, r, {"ddp_allreduce": 30, "all_gather_object": 10})
     snap = collective_ops(snap, 2, {"ddp_allreduce": 1})
-    f = _only(compute_straggler.detect(snap))
+    f = _only(compute_straggler.RULE(snap))
     assert f.ranks == (2,)
-    assert phrase(f).summary.endswith("the others wait for it in ddp_allreduce/all_gather_object")
+    assert f.facts.waiting_in == ("ddp_allreduce", "all_gather_object")
     ops = f.evidence["collective_ops_ms"]
     assert set(ops) == {"0", "1", "2", "3"}
     assert set(ops["0"]) == {"ddp_allreduce", "all_gather_object"}
@@ -176,8 +179,8 @@ def test_names_the_collectives_the_others_wait_in() -> None:
 
 
 def test_without_named_collectives_the_wait_is_at_the_all_reduce() -> None:
-    f = _only(compute_straggler.detect(ddp_snapshot(forward_straggler())))
-    assert phrase(f).summary.endswith("the others wait for it at the all-reduce")
+    f = _only(compute_straggler.RULE(ddp_snapshot(forward_straggler())))
+    assert f.facts.waiting_in == ()
     assert "collective_ops_ms" not in f.evidence
 
 
@@ -191,7 +194,7 @@ def test_a_starved_rank_with_a_little_slower_compute_is_data_starvation_only() -
     snap = ddp_snapshot(specs)
     s0, s1 = snap.stats[0], snap.stats[1]
     assert s1.compute_s / s0.compute_s > 1.25  # slower per sample, past min_excess
-    assert compute_straggler.detect(snap) == []
+    assert compute_straggler.RULE(snap) == []
     kinds = {(f.kind, f.ranks) for f in analyze(snap) if f.severity != "info"}
     assert ("data_starvation", (1,)) in kinds
     assert all(k != "compute_straggler" for k, _ in kinds)
@@ -201,7 +204,7 @@ def test_a_slow_rank_that_also_waits_for_data_is_blamed_for_its_compute_only() -
     """Slow compute and a data wait on one rank: blamed, and the speed-up is for the compute
     alone (its data wait stays, data_starvation's to fix)."""
     specs = with_rank(balanced(4), 2, forward=0.090, data_wait=0.040)
-    f = _only(compute_straggler.detect(ddp_snapshot(specs)))
+    f = _only(compute_straggler.RULE(ddp_snapshot(specs)))
     assert f.ranks == (2,)
     # Before: 40 (data) + 5 + 90 + 60 + 5 = 200 ms of local time; the fix brings its own
     # work to the peers' 100 ms and keeps its 40 ms data wait: 140 ms, about 200 / 140.

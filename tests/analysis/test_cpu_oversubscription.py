@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import cpu_oversubscription
-from auditor.report.phrasing import phrase
+from auditor.analysis.rules.cpu_oversubscription import KIND, NOT_PREDICTED, Oversubscribed
 from tests.helpers.jobs import NodeSpec, RankSpec, balanced, ddp_snapshot, oversubscribed_2core
+
+RULE = cpu_oversubscription.RULE
 
 
 def _only(findings: list[Finding]) -> Finding:
     assert len(findings) == 1, [f.to_dict() for f in findings]
     return findings[0]
-
-
-def _lowered(fix: str) -> tuple[int, int]:
-    m = re.match(r"num_workers (\d+) -> (\d+)", fix)
-    assert m, fix
-    return int(m.group(1)), int(m.group(2))
 
 
 TWO_CORES = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
@@ -68,25 +63,34 @@ TWO_CORES = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
 def test_blames_the_rank_with_too_many_workers_and_lowers_them(
     specs: list, nodes: dict, expected_ranks: tuple[int, ...], expected_new: dict[int, int]
 ) -> None:
-    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
+    f = _only(RULE(ddp_snapshot(specs, nodes=nodes)))
     assert f.ranks == expected_ranks
-    assert set(phrase(f).fixes) == set(expected_ranks)
+    assert set(f.facts.ranks) == set(expected_ranks)
+    assert f.fixes == tuple(
+        Fix("num_workers", r, specs[r].num_workers, expected_new[r], None, (KIND,))
+        for r in expected_ranks
+    )
     for r in expected_ranks:
-        old, new = _lowered(phrase(f).fixes[r])
-        assert old == specs[r].num_workers
-        assert new == expected_new[r]
-        assert 1 <= new < old  # lowers, never raises
+        rank = f.facts.ranks[r]
+        assert (rank.workers, rank.recommended) == (specs[r].num_workers, expected_new[r])
+        assert 1 <= rank.recommended < rank.workers  # lowers, never raises
+        assert f.evidence["recommended_workers"][str(r)] == expected_new[r]
 
 
 def test_speedup_is_not_predicted_and_severity_follows_the_excess() -> None:
     # 9 workers for 1.7 free cores: 5.3x the free cores, above severe_ratio=2 -> warning.
     specs, nodes = oversubscribed_2core()
-    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
+    f = _only(RULE(ddp_snapshot(specs, nodes=nodes)))
     assert f.predicted_speedup is None
+    assert all(fix.speedup is None for fix in f.fixes)
     assert f.severity == "warning"
     assert f.evidence["free_cores_for_workers"] == pytest.approx(1.7)
-    assert f.evidence["speedup_model"].startswith("not predicted")
-    mild = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes), severe_ratio=10))
+    assert f.evidence["speedup_model"] == NOT_PREDICTED
+    # Counted: rank 1's 8 workers (rank 0's single worker uses under min_worker_cpu).
+    assert (f.facts.host, f.facts.cores, f.facts.workers) == ("node0", 2.0, 8)
+    assert f.facts.free_cores == pytest.approx(1.7)
+    assert f.facts.ranks == {1: Oversubscribed(8, 1, pytest.approx(3.2))}
+    mild = _only(RULE(ddp_snapshot(specs, nodes=nodes), severe_ratio=10))
     assert mild.severity == "info"
 
 
@@ -106,9 +110,10 @@ def test_only_the_saturated_host_is_judged() -> None:
         RankSpec(num_workers=8, main_cpu=0.15, worker_cpu=0.4, host="node1"),
     ]
     nodes = {"node0": NodeSpec(cores=2.0, busy_cores=2.0), "node1": NodeSpec(cores=64.0)}
-    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes)))
+    f = _only(RULE(ddp_snapshot(specs, nodes=nodes)))
     assert f.ranks == (1,)
     assert f.evidence["host"] == "node0"
+    assert f.facts.host == "node0"
 
 
 @pytest.mark.parametrize(
@@ -156,12 +161,12 @@ def test_only_the_saturated_host_is_judged() -> None:
 def test_decision_table(
     specs: list, nodes: dict, thresholds: dict, expected_ranks: tuple[int, ...]
 ) -> None:
-    findings = cpu_oversubscription.detect(ddp_snapshot(specs, nodes=nodes), **thresholds)
+    findings = RULE(ddp_snapshot(specs, nodes=nodes), **thresholds)
     assert tuple(r for f in findings for r in f.ranks) == expected_ranks
 
 
 def test_silent_below_min_steps() -> None:
     specs, nodes = oversubscribed_2core()
-    assert cpu_oversubscription.detect(ddp_snapshot(specs, steps=7, nodes=nodes)) == []
-    f = _only(cpu_oversubscription.detect(ddp_snapshot(specs, steps=8, nodes=nodes)))
+    assert RULE(ddp_snapshot(specs, steps=7, nodes=nodes)) == []
+    f = _only(RULE(ddp_snapshot(specs, steps=8, nodes=nodes)))
     assert f.ranks == (1,)

@@ -4,13 +4,13 @@ not cores, and lowering them would starve the rank further."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from auditor.analysis import analyze
+from auditor.analysis.fixes import Fix
+from auditor.analysis.loading import IO
 from auditor.analysis.rules import cpu_oversubscription
-from auditor.report.phrasing import phrase
+from auditor.analysis.rules.data_starvation import MAX_WORKERS
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 
 TWO_CORES = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
@@ -44,11 +44,12 @@ def test_io_bound_workers_of_a_starved_rank_are_not_oversubscribing(
     worker_cpu: float, data_wait: float, expected: tuple[int, ...]
 ) -> None:
     snap = ddp_snapshot(_job(worker_cpu, data_wait), nodes=TWO_CORES)
-    findings = cpu_oversubscription.detect(snap, min_worker_cpu=0.3)
+    findings = cpu_oversubscription.RULE(snap, min_worker_cpu=0.3)
     assert tuple(r for f in findings for r in f.ranks) == expected
     for f in findings:
-        m = re.match(r"num_workers 16 -> (\d+)", phrase(f).fixes[1])
-        assert m is not None and int(m.group(1)) < 16
+        (fix,) = f.fixes
+        assert (fix.lever, fix.rank, fix.current) == ("num_workers", 1, 16)
+        assert isinstance(fix.proposed, int) and fix.proposed < 16
 
 
 def test_engine_raises_io_bound_workers_instead_of_lowering_them() -> None:
@@ -58,10 +59,9 @@ def test_engine_raises_io_bound_workers_instead_of_lowering_them() -> None:
     (starved,) = [f for f in findings if f.kind == "data_starvation"]
     assert starved.ranks == (1,)
     # Load per batch 16 x 254 ms against 100 ms of work wants 51 workers: the named cap, 32.
-    assert (
-        phrase(starved)
-        .fixes[1]
-        .startswith("num_workers 16 -> 32 (capped at 32; for more, make reads")
+    assert starved.fixes[0] == Fix(
+        "num_workers", 1, 16, 32, starved.predicted_speedup, ("data_starvation",)
     )
-    assert "no free CPU" not in phrase(starved).fixes[1]
+    rank = starved.facts.ranks[1]
+    assert (rank.workers, rank.limited_by, rank.loading) == (32, MAX_WORKERS, IO)
     assert starved.evidence["per_rank"]["1"]["loading"]["kind"] == "io"

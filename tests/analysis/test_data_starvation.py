@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
+from auditor.analysis.loading import CPU, IO
 from auditor.analysis.rules import data_starvation
-from auditor.report.phrasing import phrase
+from auditor.analysis.rules.data_starvation import CORES, CORES_ASSUMED, KIND
 from tests.helpers.jobs import NodeSpec, balanced, ddp_snapshot, starved_rank3, with_rank
+
+RULE = data_starvation.RULE
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -19,16 +22,33 @@ def _only(findings: list[Finding]) -> Finding:
     return findings[0]
 
 
-def _new_workers(fix: str, old: int) -> int | None:
-    m = re.search(rf"num_workers {old} -> (\d+)", fix)
-    return int(m.group(1)) if m else None
+def _new_workers(f: Finding, rank: int, old: int) -> int | None:
+    """The ``num_workers`` the finding's fix asks of ``rank`` (from ``old``); None: no raise."""
+    fixes = [x for x in f.fixes if x.rank == rank and x.lever == "num_workers"]
+    if not fixes:
+        return None
+    (fix,) = fixes
+    assert fix.current == old, fix
+    assert isinstance(fix.proposed, int)
+    return fix.proposed
+
+
+def _no_free_cpu(f: Finding, rank: int) -> None:
+    """No worker fits on a host without CPU for CPU-bound loading: the fix is cheaper loading
+    (the report: "no free CPU on this host for more DataLoader workers")."""
+    starved = f.facts.ranks[rank]
+    assert starved.workers is None and starved.loading != IO, starved
+    assert next(x.lever for x in f.fixes if x.rank == rank) == "loading_cost"
+    assert Fix("loading_cost", rank, None, None, f.predicted_speedup, (KIND,)) in f.fixes
 
 
 def test_blames_exactly_the_starved_rank() -> None:
-    f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
+    f = _only(RULE(ddp_snapshot(starved_rank3())))
     assert f.kind == "data_starvation"
     assert f.ranks == (3,)
-    assert set(phrase(f).fixes) == {3}
+    assert set(f.facts.ranks) == {3}
+    assert {fix.rank for fix in f.fixes} == {3}
+    assert all(fix.answers == (KIND,) for fix in f.fixes)
     assert f.evidence["per_rank"]["3"]["data_wait_ratio"] == pytest.approx(0.60, abs=0.01)
     assert f.severity in ("warning", "critical")
 
@@ -43,10 +63,12 @@ def test_fix_raises_num_workers_to_keep_up() -> None:
     # Per-batch load time with 2 workers that cannot keep up: L = 2 * step = 2 * 0.26 = 0.52 s.
     # Target pace: the rank's own work, 0.1 s. b = ceil(1.25 * 0.52 / 0.1) = ceil(6.5) = 7.
     # 64-core host, ~15 busy: plenty of free cores, so nothing caps it.
-    f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
-    assert _new_workers(phrase(f).fixes[3], 2) == 7
+    f = _only(RULE(ddp_snapshot(starved_rank3())))
+    assert f.fixes == (Fix("num_workers", 3, 2, 7, f.predicted_speedup, (KIND,)),)
     assert f.evidence["per_rank"]["3"]["recommended_workers"] == 7
-    assert "capped" not in phrase(f).fixes[3]
+    assert f.facts.ranks[3].workers == 7
+    assert f.facts.ranks[3].limited_by is None  # not capped
+    assert f.evidence["per_rank"]["3"]["speedup_basis"] == data_starvation.WORKERS_KEEP_UP
 
 
 def test_predicted_speedup_matches_barrier_model() -> None:
@@ -55,7 +77,7 @@ def test_predicted_speedup_matches_barrier_model() -> None:
     # 520/7 = 74 ms < 100 ms of work, so rank 3's wait drops to 0 and its local time to 100 ms;
     # the slowest local is then another rank's 101 ms (1 ms wait + 100 ms): after = 105 ms.
     # 260 / 105 = 2.476.
-    f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
+    f = _only(RULE(ddp_snapshot(starved_rank3())))
     assert f.predicted_speedup is not None
     assert f.predicted_speedup == pytest.approx(260 / 105, rel=0.02)
     assert f.severity == "critical"
@@ -66,10 +88,11 @@ def test_workers_capped_by_free_cores_when_worker_cpu_unmeasured() -> None:
     # so only 1 more worker fits: 2 -> 3, and the fix says it is capped.
     specs = starved_rank3(worker_cpu=None)
     snap = ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=32, busy_cores=31)})
-    f = _only(data_starvation.detect(snap))
+    f = _only(RULE(snap))
     assert f.ranks == (3,)
-    assert _new_workers(phrase(f).fixes[3], 2) == 3
-    assert "as many as the free cores allow" in phrase(f).fixes[3]
+    assert _new_workers(f, 3, 2) == 3
+    assert f.facts.ranks[3].limited_by == CORES  # "as many as the free cores allow"
+    assert f.evidence["per_rank"]["3"]["limited_by"] == CORES
 
 
 def test_workers_capped_by_free_cores_when_worker_cpu_measured() -> None:
@@ -77,18 +100,29 @@ def test_workers_capped_by_free_cores_when_worker_cpu_measured() -> None:
     # Rank 3's 2 workers use 0.5 cores each: the cores its workers may use are 1 idle + 1.0 it
     # uses now = 2.0 cores, i.e. 2.0 / 0.5 = 4 workers at most. Needed (uncapped) is 7.
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=32, busy_cores=31)})
-    f = _only(data_starvation.detect(snap))
-    b = _new_workers(phrase(f).fixes[3], 2)
+    f = _only(RULE(snap))
+    b = _new_workers(f, 3, 2)
     assert b is not None
     assert 2 < b <= 4
-    assert "as many as the free cores allow" in phrase(f).fixes[3]
+    assert f.facts.ranks[3].limited_by == CORES
+
+
+def test_workers_capped_by_one_assumed_core_where_the_host_was_never_sampled() -> None:
+    # No node CPU samples: the free cores are unknown, one is assumed. Rank 3's workers use
+    # 0.5 cores each: 1 / 0.5 = 2 workers fit, no more than it runs: none added.
+    snap = replace(ddp_snapshot(starved_rank3(worker_cpu=0.5)), nodes=())
+    f = _only(RULE(snap))
+    assert f.evidence["per_rank"]["3"]["free_cores"] is None
+    assert f.facts.ranks[3].limited_by == CORES_ASSUMED
+    assert f.evidence["per_rank"]["3"]["limited_by"] == CORES_ASSUMED
 
 
 def test_saturated_host_without_prior_finding_does_not_raise_workers() -> None:
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=16, busy_cores=16)})
-    f = _only(data_starvation.detect(snap))
-    assert _new_workers(phrase(f).fixes[3], 2) is None
-    assert "no free CPU" in phrase(f).fixes[3]
+    f = _only(RULE(snap))
+    assert _new_workers(f, 3, 2) is None
+    _no_free_cpu(f, 3)
+    assert f.evidence["per_rank"]["3"]["speedup_basis"] == data_starvation.CHEAPER_LOADING
 
 
 def _oversubscription(ranks: tuple[int, ...]) -> Finding:
@@ -102,25 +136,26 @@ def _oversubscription(ranks: tuple[int, ...]) -> Finding:
 
 def test_saturated_host_with_prior_oversubscription_does_not_raise_workers() -> None:
     snap = ddp_snapshot(starved_rank3(), nodes={"node0": NodeSpec(cores=16, busy_cores=16)})
-    f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((3,)).ranks))
+    f = _only(RULE(snap, explained=[_oversubscription((3,))]))
     assert f.ranks == (3,)
-    assert "num_workers 2 ->" not in phrase(f).fixes[3]
-    assert "no free CPU" in phrase(f).fixes[3]
+    assert _new_workers(f, 3, 2) is None
+    _no_free_cpu(f, 3)
 
 
 def test_oversubscribed_rank_gets_no_workers_even_where_the_cores_look_free() -> None:
     # The same job uncapped would go 2 -> 7 (next test); cpu_oversubscription's verdict on
     # rank 3's host is enough on its own: the engine's input, not the free-cores cap, holds it.
     snap = ddp_snapshot(starved_rank3())
-    f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((3,)).ranks))
+    f = _only(RULE(snap, explained=[_oversubscription((3,))]))
     assert f.ranks == (3,)
-    assert _new_workers(phrase(f).fixes[3], 2) is None, phrase(f).fixes[3]
+    assert _new_workers(f, 3, 2) is None, f.fixes
+    _no_free_cpu(f, 3)
 
 
 def test_prior_oversubscription_of_another_rank_does_not_block_the_raise() -> None:
     snap = ddp_snapshot(starved_rank3())
-    f = _only(data_starvation.detect(snap, oversubscribed=_oversubscription((5,)).ranks))
-    assert _new_workers(phrase(f).fixes[3], 2) == 7
+    f = _only(RULE(snap, explained=[_oversubscription((5,))]))
+    assert _new_workers(f, 3, 2) == 7
 
 
 def test_saturated_host_through_the_engine_does_not_raise_workers() -> None:
@@ -132,9 +167,8 @@ def test_saturated_host_through_the_engine_does_not_raise_workers() -> None:
     assert 3 in by_kind["cpu_oversubscription"].ranks
     starving = by_kind["data_starvation"]
     assert starving.ranks == (3,)
-    new = _new_workers(phrase(starving).fixes[3], 2)
-    assert new is None or new < 2
-    assert "no free CPU" in phrase(starving).fixes[3]
+    assert _new_workers(starving, 3, 2) is None
+    _no_free_cpu(starving, 3)
 
 
 @pytest.mark.parametrize(
@@ -147,25 +181,29 @@ def test_saturated_host_through_the_engine_does_not_raise_workers() -> None:
 )
 def test_pin_memory_advice(device: str, pin_memory: bool, mentions_pin: bool) -> None:
     snap = ddp_snapshot(starved_rank3(device=device, pin_memory=pin_memory))
-    f = _only(data_starvation.detect(snap))
-    assert ("pin_memory=True" in phrase(f).fixes[3]) is mentions_pin
-    assert _new_workers(phrase(f).fixes[3], 2) == 7
+    f = _only(RULE(snap))
+    assert f.facts.ranks[3].set_pin_memory is mentions_pin
+    pin = Fix("pin_memory", 3, False, True, f.predicted_speedup, (KIND,))
+    assert (pin in f.fixes) is mentions_pin
+    assert _new_workers(f, 3, 2) == 7
 
 
 def test_persistent_workers_advice() -> None:
-    f = _only(data_starvation.detect(ddp_snapshot(starved_rank3(persistent_workers=False))))
-    assert "persistent_workers=True" in phrase(f).fixes[3]
-    f = _only(data_starvation.detect(ddp_snapshot(starved_rank3())))
-    assert "persistent_workers" not in phrase(f).fixes[3]
+    f = _only(RULE(ddp_snapshot(starved_rank3(persistent_workers=False))))
+    assert f.facts.ranks[3].set_persistent_workers
+    assert f.fixes[-1] == Fix("persistent_workers", 3, False, True, f.predicted_speedup, (KIND,))
+    f = _only(RULE(ddp_snapshot(starved_rank3())))
+    assert not f.facts.ranks[3].set_persistent_workers
+    assert "persistent_workers" not in {fix.lever for fix in f.fixes}
 
 
 def test_main_process_loading_gets_workers() -> None:
     # num_workers=0: the main process loads, so the load time per batch is the wait itself
     # (140 ms); own work 100 ms: b = ceil(1.25 * 0.14 / 0.1) = ceil(1.75) = 2.
     snap = ddp_snapshot(with_rank(balanced(8), 3, data_wait=0.140, num_workers=0))
-    f = _only(data_starvation.detect(snap))
+    f = _only(RULE(snap))
     assert f.ranks == (3,)
-    assert _new_workers(phrase(f).fixes[3], 0) == 2
+    assert _new_workers(f, 3, 0) == 2
 
 
 @pytest.mark.parametrize(
@@ -194,13 +232,13 @@ def test_main_process_loading_gets_workers() -> None:
     ],
 )
 def test_decision_table(specs: list, thresholds: dict, expected_ranks: tuple[int, ...]) -> None:
-    findings = data_starvation.detect(ddp_snapshot(specs, steps=24), **thresholds)
+    findings = RULE(ddp_snapshot(specs, steps=24), **thresholds)
     assert tuple(r for f in findings for r in f.ranks) == expected_ranks
 
 
 def test_silent_below_min_steps() -> None:
-    assert data_starvation.detect(ddp_snapshot(starved_rank3(), steps=7)) == []
-    assert _only(data_starvation.detect(ddp_snapshot(starved_rank3(), steps=8))).ranks == (3,)
+    assert RULE(ddp_snapshot(starved_rank3(), steps=7)) == []
+    assert _only(RULE(ddp_snapshot(starved_rank3(), steps=8))).ranks == (3,)
 
 
 @pytest.mark.parametrize(
@@ -223,11 +261,14 @@ def test_low_cpu_per_worker_is_io_bound_when_well_under_the_fair_share(
 ) -> None:
     specs = starved_rank3(num_workers=8, worker_cpu=worker_cpu)
     snap = ddp_snapshot(specs, nodes={"node0": NodeSpec(cores=16, busy_cores=busy)})
-    f = _only(data_starvation.detect(snap))
-    m = re.match(r"num_workers (\d+) -> (\d+)", phrase(f).fixes[3])
+    f = _only(RULE(snap))
+    new = _new_workers(f, 3, 8)
     if raises:
-        assert m is not None and int(m.group(2)) > 8, phrase(f).fixes[3]
+        assert new is not None and new > 8, f.fixes
         assert f.evidence["per_rank"]["3"]["loading"]["kind"] == "io"
+        assert f.facts.ranks[3].loading == IO
     else:
-        assert m is None and "no free CPU" in phrase(f).fixes[3], phrase(f).fixes[3]
+        assert new is None, f.fixes
+        _no_free_cpu(f, 3)
         assert f.evidence["per_rank"]["3"]["loading"]["kind"] == "cpu"
+        assert f.facts.ranks[3].loading == CPU

@@ -5,16 +5,27 @@ loading with a plausible speed-up, and a clear wait is a warning even where numb
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
+from auditor.analysis.loading import CPU, IO, MAIN_THREAD_CPU, UNKNOWN
 from auditor.analysis.rules import data_starvation
+from auditor.analysis.rules.data_starvation import (
+    CHEAPER_LOADING,
+    COLLECTIVE_WAIT,
+    CORES,
+    KIND,
+    LOADING_CPU,
+    MAIN_RSS,
+    MAX_WORKERS,
+    MEMORY,
+    NOT_PREDICTED,
+)
 from auditor.analysis.snapshot import Snapshot
-from auditor.report.phrasing import phrase
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 from tests.helpers.snapshots import collective_ops, data_cpu, host_available, process_memory
 from tests.helpers.units import GIB
@@ -56,20 +67,27 @@ def _starved_cpu_job(
     return snap if cpu_share is None else data_cpu(snap, 1, cpu_share)
 
 
-def _new_workers(fix: str) -> int | None:
-    m = re.match(r"num_workers \d+ -> (\d+)", fix)
-    return int(m.group(1)) if m else None
+RULE = data_starvation.RULE
+
+
+def _new_workers(f: Finding, rank: int = 1) -> int | None:
+    """The ``num_workers`` the finding's fix asks of ``rank``; None: no raise."""
+    fixes = [x.proposed for x in f.fixes if x.rank == rank and x.lever == "num_workers"]
+    assert len(fixes) <= 1, f.fixes
+    return fixes[0] if fixes and isinstance(fixes[0], int) else None
 
 
 # Rank 1 waits 160 ms of a 259 ms step (62%). I/O-bound: 3% of a core while loading.
 # b = ceil(1.25 x 160 ms / 95 ms of own work) = ceil(2.1) = 3, whatever the free cores.
+# ``limited``: what capped the workers (None: nothing; the report then says the loading "waits
+# on I/O").
 @pytest.mark.parametrize(
-    ("nodes", "edit", "thresholds", "workers", "says"),
+    ("nodes", "edit", "thresholds", "workers", "limited"),
     [
         # The Ray Train case: a saturated 2-core host. Before: "no free CPU ...".
-        pytest.param(TWO_CORES_BUSY, None, {}, 3, "waits on I/O", id="saturated-host"),
+        pytest.param(TWO_CORES_BUSY, None, {}, 3, None, id="saturated-host"),
         # One idle core. Before: "num_workers 0 -> 1 (as many as the free cores allow)".
-        pytest.param(TWO_CORES_ONE_IDLE, None, {}, 3, "waits on I/O", id="one-idle-core"),
+        pytest.param(TWO_CORES_ONE_IDLE, None, {}, 3, None, id="one-idle-core"),
         # 4 GiB available, a 1 GiB main process (a forked worker holds at most that): half of
         # the available memory fits 2 workers.
         pytest.param(
@@ -77,7 +95,7 @@ def _new_workers(fix: str) -> int | None:
             lambda s: host_available(process_memory(s, 1, rss=GIB), 1, 4 * GIB),
             {},
             2,
-            "as many as the host's available memory allows",
+            MEMORY,
             id="memory-bound",
         ),
         # Plenty of memory: the memory bound does not bite.
@@ -86,29 +104,33 @@ def _new_workers(fix: str) -> int | None:
             lambda s: host_available(process_memory(s, 1, rss=GIB), 1, 48 * GIB),
             {},
             3,
-            "waits on I/O",
+            None,
             id="memory-plenty",
         ),
         # The named cap.
-        pytest.param(TWO_CORES_BUSY, None, {"max_workers": 2}, 2, "capped at 2", id="cap"),
+        pytest.param(TWO_CORES_BUSY, None, {"max_workers": 2}, 2, MAX_WORKERS, id="cap"),
     ],
 )
 def test_io_bound_loading_gets_workers_that_hide_the_wait(
-    nodes: dict, edit: object, thresholds: dict, workers: int, says: str
+    nodes: dict, edit: object, thresholds: dict, workers: int, limited: str | None
 ) -> None:
     snap = _starved_cpu_job(cpu_share=0.03, nodes=nodes)
     if callable(edit):
         snap = edit(snap)
-    f = _only(data_starvation.detect(snap, **thresholds))
+    f = _only(RULE(snap, **thresholds))
     assert f.ranks == (1,)
-    fix = phrase(f).fixes[1]
-    assert _new_workers(fix) == workers, fix
-    assert says in fix
-    assert "no free CPU" not in fix and "free cores allow" not in fix
+    # The new workers are kept across epochs too (the loader does not keep them now).
+    assert f.fixes == (
+        Fix("num_workers", 1, 0, workers, f.predicted_speedup, (KIND,)),
+        Fix("persistent_workers", 1, False, True, f.predicted_speedup, (KIND,)),
+    )
+    starved = f.facts.ranks[1]
+    assert (starved.workers, starved.limited_by, starved.loading) == (workers, limited, IO)
+    assert starved.limited_by != CORES  # never "as many as the free cores allow"
     row = f.evidence["per_rank"]["1"]
     assert row["loading"]["kind"] == "io"
     assert row["loading"]["cores_while_loading"] == pytest.approx(0.03, rel=0.03)
-    assert "I/O-bound" in row["loading"]["why"]
+    assert starved.cost is not None and starved.cost.kind == IO
     assert row["recommended_workers"] == workers
     assert row["workers_needed"] == 3
 
@@ -116,18 +138,20 @@ def test_io_bound_loading_gets_workers_that_hide_the_wait(
 def test_io_bound_speedup_is_the_wait_hidden() -> None:
     # With 3 workers a batch arrives every 160 / 3 = 53 ms < 95 ms of work: the wait drops to
     # the peer's 1 ms. Barrier model: before 160 + 95 + 4 = 259 ms; after 1 + 95 + 4 = 100 ms.
-    f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.03)))
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.03)))
     assert f.predicted_speedup == pytest.approx(259 / 100, rel=0.03)
     assert f.severity == "critical"
-    assert phrase(f).fixes[1].endswith("expect about 2.6x")
+    assert [fix.speedup for fix in f.fixes] == [f.predicted_speedup] * 2
 
 
 def test_io_bound_memory_evidence_names_the_basis() -> None:
     snap = host_available(process_memory(_starved_cpu_job(cpu_share=0.03), 1, rss=GIB), 1, 4 * GIB)
-    row = _only(data_starvation.detect(snap)).evidence["per_rank"]["1"]
+    f = _only(RULE(snap))
+    row = f.evidence["per_rank"]["1"]
+    assert f.facts.ranks[1].memory_measured
     assert row["memory"] == {
         "per_worker_bytes": GIB,
-        "per_worker_basis": "the main process's RSS (at most what a forked worker holds)",
+        "per_worker_basis": MAIN_RSS,
         "host_available_bytes": 4 * GIB,
         "workers_that_fit": 2,
     }
@@ -141,9 +165,9 @@ def test_ray_train_like_io_wait_of_90_percent() -> None:
     light = replace(CPU_RANK, forward=0.006, backward=0.012, optimizer=0.002)
     specs = [light, replace(light, data_wait=0.200, main_cpu=0.1)]
     snap = data_cpu(ddp_snapshot(specs, nodes=TWO_CORES_BUSY), 1, 0.02)
-    f = _only(data_starvation.detect(snap))
-    assert _new_workers(phrase(f).fixes[1]) == 13
-    assert "no free CPU" not in phrase(f).fixes[1]
+    f = _only(RULE(snap))
+    assert _new_workers(f) == 13
+    assert f.facts.ranks[1].loading == IO
     # Before 200 + 20 + 4 = 224 ms; after 1 + 20 + 4 = 25 ms.
     assert f.predicted_speedup == pytest.approx(224 / 25, rel=0.04)
 
@@ -152,46 +176,49 @@ def test_cpu_bound_loading_on_a_saturated_host_gets_cheaper_loading() -> None:
     # The main thread used 90% of a core through its 160 ms wait: CPU-bound, and the host has
     # no idle core; the 0.56 cores its loading uses now (144 of 259 ms) do not fit one more
     # 0.9-core loader.
-    f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.90)))
-    fix = phrase(f).fixes[1]
-    assert _new_workers(fix) is None
-    assert fix.startswith(
-        "no free CPU on this host for more DataLoader workers and loading is CPU-bound "
-        "(0.90 cores while it loads): make loading cheaper"
-    ), fix
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.90)))
+    assert _new_workers(f) is None
+    starved = f.facts.ranks[1]
+    assert (starved.workers, starved.loading) == (None, CPU)
+    assert starved.loading_cores == pytest.approx(0.90, abs=0.005)
+    assert f.fixes == (Fix("loading_cost", 1, None, None, f.predicted_speedup, (KIND,)),)
     # Half the loading time: the wait 160 -> 80 ms. Before 259 ms; after 80 + 95 + 4 = 179 ms.
     assert f.predicted_speedup is not None
     assert f.predicted_speedup == pytest.approx(259 / 179, rel=0.03)
     # Never more than the assumed factor (today's "expect about 9.8x" came from removing the
     # wait altogether).
     assert f.predicted_speedup <= 2.0
-    assert fix.endswith(f"at half the loading time expect about {f.predicted_speedup:.1f}x")
+    assert f.facts.cheaper_factor == 2.0
     row = f.evidence["per_rank"]["1"]
     assert row["loading"]["kind"] == "cpu"
-    assert row["speedup_basis"].startswith("loading 2x cheaper (an assumption")
+    assert row["speedup_basis"] == CHEAPER_LOADING
     assert f.severity == "warning"
 
 
 def test_cheaper_factor_is_a_threshold() -> None:
-    f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.90), cheaper_factor=4.0))
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.90), cheaper_factor=4.0))
     # The wait 160 -> 40 ms: after 40 + 95 + 4 = 139 ms.
     assert f.predicted_speedup == pytest.approx(259 / 139, rel=0.03)
-    assert "at 1/4 of the loading time" in phrase(f).fixes[1]
+    assert f.facts.cheaper_factor == 4.0
+    assert f.fixes == (Fix("loading_cost", 1, None, None, f.predicted_speedup, (KIND,)),)
 
 
 def test_cpu_bound_loading_with_an_idle_core_is_capped_by_cores() -> None:
     # One idle core plus the 0.56 its loading uses now: one 0.9-core worker fits.
-    f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)))
-    assert phrase(f).fixes[1].startswith("num_workers 0 -> 1 (as many as the free cores allow)")
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)))
+    assert f.fixes[0] == Fix("num_workers", 1, 0, 1, f.predicted_speedup, (KIND,))
+    assert f.facts.ranks[1].limited_by == CORES
     assert f.evidence["per_rank"]["1"]["limited_by"] == "cores"
 
 
 def test_unmeasured_loading_cpu_is_named() -> None:
     # An older probe: no data CPU. Sized by cores as before, and the evidence says why.
-    f = _only(data_starvation.detect(_starved_cpu_job(cpu_share=None)))
-    assert phrase(f).fixes[1].startswith("no free CPU on this host for more DataLoader workers: ")
-    missing = f.evidence["not_measured"]
-    assert any(m.startswith("loading CPU of rank 1 (the main thread's CPU") for m in missing)
+    f = _only(RULE(_starved_cpu_job(cpu_share=None)))
+    starved = f.facts.ranks[1]
+    assert (starved.workers, starved.loading) == (None, UNKNOWN)
+    assert starved.cost is not None and starved.cost.missing == MAIN_THREAD_CPU
+    assert f.fixes == (Fix("loading_cost", 1, None, None, f.predicted_speedup, (KIND,)),)
+    assert f.evidence["not_measured"] == [LOADING_CPU]
     assert f.evidence["per_rank"]["1"]["loading"]["kind"] == "unknown"
 
 
@@ -215,20 +242,20 @@ def test_missing_collective_wait_never_silences_a_clear_wait(
     rank = replace(CPU_RANK, measure_wait=measure_wait)
     specs = [rank, replace(rank, data_wait=data_wait)]
     snap = ddp_snapshot(specs, parallel_mode="fsdp", nodes={"node0": NodeSpec(cores=16)})
-    f = _only(data_starvation.detect(snap))
+    f = _only(RULE(snap))
     assert f.ranks == (1,)
     assert f.severity == severity
     if predicted:
         assert f.predicted_speedup is not None
-        assert "not_measured" not in f.evidence or not any(
-            m.startswith("collective wait") for m in f.evidence["not_measured"]
-        )
+        assert COLLECTIVE_WAIT not in f.evidence.get("not_measured", ())
+        assert (f.facts.blind, f.facts.at_most) == ((), None)
     else:
         assert f.predicted_speedup is None
-        first = f.evidence["not_measured"][0]
-        assert first.startswith("collective wait on rank 0: its waiting for rank 1 counts as work")
-        assert "no speed-up is predicted" in first
-        assert f.evidence["speedup_model"].startswith("not predicted; at most")
+        assert f.evidence["not_measured"][0] == COLLECTIVE_WAIT
+        assert f.facts.blind == (0,)  # rank 0's waiting for rank 1 counts as its work
+        assert f.facts.at_most is not None and f.facts.at_most > 1.0
+        assert f.evidence["speedup_model"] == NOT_PREDICTED
+        assert all(fix.speedup is None for fix in f.fixes)
 
 
 def test_fsdp_like_verdict_blames_the_starved_rank_only() -> None:
@@ -245,9 +272,8 @@ def test_fsdp_like_verdict_blames_the_starved_rank_only() -> None:
         assert f.ranks == (1,), f.to_dict()
     imbalance = _only(findings, "utilization_imbalance")
     assert imbalance.cause == "data_starvation"
-    assert imbalance.evidence["not_measured"] == [
-        "collective wait on ranks 0, 1: their waiting may read as busy time"
-    ]
+    # (In words: tests/report/phrasing/test_data_starvation.py.)
+    assert imbalance.evidence["not_measured"] == ["collective_wait"]
 
 
 def test_peers_collective_wait_is_cited_by_operation() -> None:
@@ -255,10 +281,12 @@ def test_peers_collective_wait_is_cited_by_operation() -> None:
     # gather and 4 ms of all-reduce a step.
     snap = _starved_cpu_job(cpu_share=0.03, nodes={"node0": NodeSpec(cores=16)})
     snap = collective_ops(snap, 0, {"all_gather": 160, "ddp_allreduce": 4})
-    f = _only(data_starvation.detect(snap))
-    assert re.search(
-        r"; rank 0 waits 16\d ms a step for it in all_gather/ddp_allreduce$", phrase(f).summary
-    )
+    f = _only(RULE(snap))
+    peers = f.facts.peers
+    assert peers is not None
+    assert peers.ranks == (0,)
+    assert 0.160 <= peers.wait_s < 0.170
+    assert peers.ops == ("all_gather", "ddp_allreduce")
     ops = f.evidence["peers_collective_wait_ms"]["0"]["ops"]
     assert set(ops) == {"all_gather", "ddp_allreduce"}
     assert ops["all_gather"] > 30 * ops["ddp_allreduce"]
@@ -267,15 +295,10 @@ def test_peers_collective_wait_is_cited_by_operation() -> None:
 def test_io_bound_loading_without_memory_for_a_worker_gets_faster_reads() -> None:
     # 1 GiB available for a 1 GiB process: half of it holds no worker.
     snap = host_available(process_memory(_starved_cpu_job(cpu_share=0.03), 1, rss=GIB), 1, GIB)
-    f = _only(data_starvation.detect(snap))
-    assert (
-        phrase(f)
-        .fixes[1]
-        .startswith(
-            "no memory on this host for more DataLoader workers: make reads faster (overlap them "
-            "inside the dataset with threads or async I/O"
-        )
-    ), phrase(f).fixes[1]
+    f = _only(RULE(snap))
+    starved = f.facts.ranks[1]
+    assert (starved.workers, starved.loading, starved.limited_by) == (None, IO, MEMORY)
+    assert f.fixes == (Fix("loading_cost", 1, None, None, f.predicted_speedup, (KIND,)),)
     assert f.evidence["per_rank"]["1"]["limited_by"] == "memory"
     assert f.predicted_speedup is not None and f.predicted_speedup <= 2.0
 
@@ -284,9 +307,11 @@ def test_prior_oversubscription_does_not_block_io_bound_workers() -> None:
     # Whatever flagged the host, I/O-bound workers need no cores: the raise stands.
     snap = _starved_cpu_job(cpu_share=0.03)
     prior = Finding(kind="cpu_oversubscription", severity="warning", ranks=(1,))
-    f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
-    assert _new_workers(phrase(f).fixes[1]) == 3
+    f = _only(RULE(snap, explained=[prior]))
+    assert _new_workers(f) == 3
     # CPU-bound loading on the same flagged host gets no worker even where one core is idle.
     snap = _starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)
-    f = _only(data_starvation.detect(snap, oversubscribed=prior.ranks))
-    assert phrase(f).fixes[1].startswith("no free CPU on this host"), phrase(f).fixes[1]
+    f = _only(RULE(snap, explained=[prior]))
+    starved = f.facts.ranks[1]
+    assert (starved.workers, starved.loading) == (None, CPU)  # "no free CPU on this host"
+    assert f.fixes == (Fix("loading_cost", 1, None, None, f.predicted_speedup, (KIND,)),)

@@ -12,16 +12,15 @@ weighted median step (155 ms) read the load as ``2 * 155 = 311 ms`` and asked fo
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import replace
 
 import pytest
 
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import data_starvation
 from auditor.analysis.snapshot import SampleStore, Snapshot
 from auditor.analysis.stats import RankStats
-from auditor.report.phrasing import phrase
 from auditor.samples import Batch
 from tests.helpers.jobs import JobBuilder, RankSpec, with_rank
 
@@ -88,13 +87,8 @@ def _true_pace(job: JobBuilder) -> float:
     return sum(s.step_s for s in steps) / len(steps)
 
 
-def _new_workers(fix: str) -> int | None:
-    m = re.search(r"num_workers 2 -> (\d+)", fix)
-    return int(m.group(1)) if m else None
-
-
 def _finding(snap: Snapshot) -> Finding:
-    found = data_starvation.detect(snap)
+    found = data_starvation.RULE(snap)
     assert [f.kind for f in found] == ["data_starvation"], [f.to_dict() for f in found]
     return found[0]
 
@@ -125,7 +119,7 @@ def test_workers_and_speedup_follow_the_true_load() -> None:
     assert row["step_ms"] == pytest.approx(_true_pace(job) * 1e3, rel=0.03)
     # b = ceil(1.25 * 200 / 37.5) = ceil(6.7) = 7 (I/O-bound: not capped by cores).
     assert row["recommended_workers"] == 7
-    assert _new_workers(phrase(f).fixes[1]) == 7
+    assert f.fixes[0] == Fix("num_workers", 1, 2, 7, f.predicted_speedup, ("data_starvation",))
     # With 7 workers a batch arrives every ~29 ms < 37.5 ms of work: rank 1 waits what rank 0
     # waits (1 ms). After: 37.5 + 1 + 4 ms of communication = 42.5 ms a step; before: the
     # true pace, ~100 ms. The speed-up is the real one, ~2.35x.

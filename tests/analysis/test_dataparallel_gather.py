@@ -6,9 +6,9 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import dataparallel_gather
-from auditor.analysis.rules.dataparallel_gather import balanced_chunks, torch_chunks
-from auditor.report.phrasing import phrase
+from auditor.analysis.rules.dataparallel_gather import KIND, balanced_chunks, torch_chunks
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
 from tests.helpers.snapshots import dp_snapshot
@@ -38,41 +38,72 @@ def test_gpu0_gathering_is_found_with_its_memory_imbalance() -> None:
     (gather,) = _kind(findings, "dataparallel_gather")
     assert gather.severity == "warning"
     assert gather.predicted_speedup is None
-    assert "not predicted" in gather.evidence["speedup_model"]
+    assert gather.evidence["speedup_model"] == "not_predicted"
+    assert gather.gpus == (gpu_uuid("node0", 0),)
     assert gather.evidence["mem_ratio"] == pytest.approx(1.5, abs=0.01)
     assert gather.evidence["busy_ratio"] == pytest.approx(0.95 / 0.60, abs=0.05)
     assert gather.evidence["chunk_sizes"] == [8, 8, 8, 8]
     assert gather.evidence["balanced_chunk_sizes"] == [5, 9, 9, 9]
     assert gather.evidence["ddp_command"] == "torchrun --nproc_per_node=4 train.py"
     assert gather.evidence["script"] == "train.py"
-    assert gather.evidence["script_note"].startswith("placeholder")
+    assert gather.evidence["script_note"] == "placeholder"
+    assert gather.facts.placeholder
     per_gpu = gather.evidence["per_gpu"]
     assert [per_gpu[gpu_uuid("node0", i)]["index"] for i in range(4)] == [0, 1, 2, 3]
     assert [per_gpu[gpu_uuid("node0", i)]["chunk"] for i in range(4)] == [8, 8, 8, 8]
-    fix = phrase(gather).fixes[0]
-    assert "`torchrun --nproc_per_node=4 train.py`" in fix
-    assert "batch_size 32 -> 8 per process" in fix
-    assert "5, 9, 9, 9 instead of 8, 8, 8, 8" in fix
+    assert gather.facts.command == "torchrun --nproc_per_node=4 train.py"
+    assert (gather.facts.batch, gather.facts.per_process) == (32, 8)
+    assert gather.facts.chunks == (8, 8, 8, 8)
+    assert gather.facts.balanced == (5, 9, 9, 9)
+    # DDP with the batch per process, or a scatter that gives the primary a smaller chunk.
+    assert gather.fixes == (
+        Fix("parallel_mode", 0, "dataparallel", "ddp", None, (KIND,)),
+        Fix("batch_size", 0, 32, 8, None, (KIND,)),
+        Fix("scatter_chunks", 0, "8,8,8,8", "5,9,9,9", None, (KIND,)),
+    )
 
     (mem,) = _kind(findings, "memory_imbalance")
     assert mem.cause == "dataparallel_gather"
-    assert (
-        phrase(mem).fixes[0].startswith("give node0 GPU 0 a smaller chunk: 5, 9, 9, 9 for batch 32")
+    assert mem.gpus == (gpu_uuid("node0", 0),)
+    # A smaller chunk for GPU 0 first, else DDP: answering the gather and the memory alike.
+    answers = (KIND, "memory_imbalance")
+    assert mem.fixes == (
+        Fix("scatter_chunks", 0, "8,8,8,8", "5,9,9,9", None, answers),
+        Fix("parallel_mode", 0, "dataparallel", "ddp", None, answers),
     )
+    assert mem.facts.gather == gather.facts
     assert mem.evidence["ratio_to_peers"] == pytest.approx(1.5, abs=0.01)
+    assert mem.evidence["speedup_model"] == "not_predicted"
     # 48 GiB of 79.7 GiB is under the 80% near-full mark.
     assert mem.severity == "info"
 
     (util,) = _kind(findings, "utilization_imbalance")
     assert util.cause == "dataparallel_gather"
-    assert phrase(util).fixes == phrase(gather).fixes
+    # The symptom carries its cause's fixes.
+    assert [(x.lever, x.rank, x.current, x.proposed) for x in util.fixes] == [
+        (x.lever, x.rank, x.current, x.proposed) for x in gather.fixes
+    ]
     assert util.evidence["gpu_spread"] == pytest.approx(0.35, abs=0.05)
 
 
+def test_without_a_balanced_split_the_memory_fix_is_ddp_alone() -> None:
+    # 1.05x is too small to shift a chunk: with min_ratio lowered the gather is found, and its
+    # memory finding offers DDP alone.
+    snap = dp_snapshot([33.6, 32, 32, 32])
+    gather, mem = dataparallel_gather.RULE(snap, min_ratio=1.04, min_extra_bytes=GIB)
+    assert gather.facts.balanced is None
+    assert [x.lever for x in gather.fixes] == ["parallel_mode", "batch_size"]
+    assert mem.fixes == (
+        Fix("parallel_mode", 0, "dataparallel", "ddp", None, (KIND, "memory_imbalance")),
+    )
+
+
 def test_script_threshold_names_the_command() -> None:
-    (f, _) = dataparallel_gather.detect(dp_snapshot([48, 32, 32, 32]), script="imagenet.py")
+    (f, _) = dataparallel_gather.RULE(dp_snapshot([48, 32, 32, 32]), script="imagenet.py")
     assert f.evidence["ddp_command"] == "torchrun --nproc_per_node=4 imagenet.py"
+    assert f.facts.command == "torchrun --nproc_per_node=4 imagenet.py"
     assert f.evidence["script_note"] == "given"
+    assert not f.facts.placeholder
 
 
 @pytest.mark.parametrize(
@@ -98,15 +129,17 @@ def test_script_threshold_names_the_command() -> None:
 def test_decision_table(
     mem: list[float | None], util: list[float] | None, kwargs: dict, expected: list[str]
 ) -> None:
-    findings = dataparallel_gather.detect(dp_snapshot(mem, util), **kwargs)
+    findings = dataparallel_gather.RULE(dp_snapshot(mem, util), **kwargs)
     assert [f.kind for f in findings] == expected
     for f in findings:
         assert f.ranks == (0,)
         assert f.evidence["gpus"][0]["uuid"] == gpu_uuid("node0", 0)
+        assert f.gpus == (gpu_uuid("node0", 0),)
+        assert {x.rank for x in f.fixes} == {0}
 
 
 def test_primary_found_from_nvml_processes_alone() -> None:
-    findings = dataparallel_gather.detect(dp_snapshot([48, 32, 32, 32], link="pid"))
+    findings = dataparallel_gather.RULE(dp_snapshot([48, 32, 32, 32], link="pid"))
     assert [(f.kind, f.ranks, f.evidence["gpus"][0]["index"]) for f in findings] == [
         ("dataparallel_gather", (0,), 0),
         ("memory_imbalance", (0,), 0),
@@ -116,7 +149,8 @@ def test_primary_found_from_nvml_processes_alone() -> None:
 def test_primary_is_the_first_of_device_ids() -> None:
     # device_ids=[3, 2, 1, 0]: GPU 3 gathers.
     snap = dp_snapshot([32, 32, 32, 48], util=[0.6, 0.6, 0.6, 0.95], order=[3, 2, 1, 0])
-    findings = dataparallel_gather.detect(snap)
+    findings = dataparallel_gather.RULE(snap)
+    assert [f.gpus for f in findings] == [(gpu_uuid("node0", 3),)] * 2
     assert [(f.kind, f.evidence["gpus"][0]["index"]) for f in findings] == [
         ("dataparallel_gather", 3),
         ("memory_imbalance", 3),
@@ -126,7 +160,7 @@ def test_primary_is_the_first_of_device_ids() -> None:
 def test_ddp_jobs_are_not_judged() -> None:
     job = JobBuilder(balanced(4)).run(24)
     attach_gpus(job, [GpuSpec(mem_used=48 * GIB)] + [GpuSpec(mem_used=32 * GIB)] * 3)
-    assert dataparallel_gather.detect(job.snapshot()) == []
+    assert dataparallel_gather.RULE(job.snapshot()) == []
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from auditor.analysis import analyze
-from auditor.analysis.findings import KINDS
-from auditor.analysis.rules import RULES
+from auditor.analysis.rules import KINDS, RULES
 from auditor.analysis.snapshot import Snapshot
 from auditor.report.model import ReportFinding
 from auditor.report.phrasing import phrase

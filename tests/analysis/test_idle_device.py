@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from auditor.analysis import analyze
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import idle_device
+from auditor.analysis.rules.idle_device import KIND
 from auditor.analysis.snapshot import SampleStore, Snapshot
-from auditor.report.phrasing import phrase
 from auditor.samples import Batch, GpuProcess
 from tests.helpers.gpus import GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
@@ -35,25 +36,33 @@ def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
     findings = analyze(two_ranks_on_four_gpus(STRAY))
     assert [f.kind for f in findings] == ["idle_device"]
     (f,) = findings
+    uuid = gpu_uuid("node0", 2)
     assert f.ranks == ()
-    assert phrase(f).fixes == {}
     assert f.severity == "warning"
     assert f.predicted_speedup is None
     assert f.evidence["gpus"] == [
         {
-            "uuid": gpu_uuid("node0", 2),
+            "uuid": uuid,
             "node": "node0",
             "index": 2,
             "model": "NVIDIA H100 80GB HBM3",
         }
     ]
+    assert f.gpus == (uuid,)
     assert f.evidence["pids"] == [31337]
     assert f.evidence["held_bytes"] == 12 * GIB
-    assert phrase(f).summary == "PID 31337 holds 12.0 GiB on idle node0 GPU 2 (no rank of this job)"
-    assert (
-        phrase(f).notes["fix"].startswith("free it: PID 31337 holds 12.0 GiB on idle node0 GPU 2")
+    # No rank's fix: stop PID 31337 on the GPU, which no rank of the job owns.
+    assert f.fixes == (Fix("stray_process", None, 31337, None, None, (KIND,), uuid),)
+    assert f.facts == idle_device.Facts(
+        "node0 GPU 2", "node0", (31337,), 12 * GIB, 0.0, f.facts.window_s
     )
-    assert "`kill 31337`" in phrase(f).notes["fix"]
+    assert f.facts.window_s > 0
+
+
+def test_an_unlisted_holder_gets_one_fix_without_a_pid() -> None:
+    (f,) = idle_device.RULE(two_ranks_on_four_gpus(replace(STRAY, processes=())))
+    assert f.facts.pids == ()
+    assert f.fixes == (Fix("stray_process", None, None, None, None, (KIND,), gpu_uuid("node0", 2)),)
 
 
 @pytest.mark.parametrize(
@@ -82,30 +91,33 @@ def test_stray_process_on_an_idle_gpu_is_named_with_its_pid() -> None:
     ],
 )
 def test_decision_table(gpu2: GpuSpec, kwargs: dict, expected: list) -> None:
-    findings = idle_device.detect(two_ranks_on_four_gpus(gpu2), **kwargs)
+    findings = idle_device.RULE(two_ranks_on_four_gpus(gpu2), **kwargs)
     assert [(f.ranks, f.evidence["gpus"][0]["index"]) for f in findings] == expected
+    assert [f.gpus for f in findings] == [(gpu_uuid("node0", i),) for _, i in expected]
 
 
 def test_the_owning_rank_is_blamed() -> None:
     # Rank 1 reports GPU 1 as its device but never computes on it.
     job = JobBuilder(balanced(2)).run(24)
     attach_gpus(job, [GpuSpec(), replace(FREE, mem_used=2 * GIB, processes=None)])
-    (f,) = idle_device.detect(job.snapshot())
+    (f,) = idle_device.RULE(job.snapshot())
+    uuid = gpu_uuid("node0", 1)
     assert f.ranks == (1,)
     assert f.evidence["gpus"][0]["index"] == 1
-    assert phrase(f).fixes[1].startswith("free it: the process holds 2.0 GiB on node0 GPU 1")
-    assert phrase(f).fixes[1] == phrase(f).notes["fix"]
-    assert phrase(f).summary == "rank 1 holds 2.0 GiB on idle node0 GPU 1"
     assert (f.facts.label, f.facts.held_bytes) == ("node0 GPU 1", 2 * GIB)
+    # The rank's placement: it allocates on a GPU it never computes on.
+    assert f.fixes == (Fix("gpu_assignment", 1, uuid, None, None, (KIND,), uuid),)
 
 
 def test_a_rank_with_a_stray_context_on_an_unowned_idle_gpu_is_blamed() -> None:
     job = JobBuilder(balanced(2)).run(24)
     ctx = replace(FREE, mem_used=600 * MIB, processes=(GpuProcess(10_000, 600 * MIB),))
     attach_gpus(job, [GpuSpec(), GpuSpec(), FREE, ctx], owners=[[0], [1], [], []], link="pid")
-    (f,) = idle_device.detect(job.snapshot())
+    (f,) = idle_device.RULE(job.snapshot())
+    uuid = gpu_uuid("node0", 3)
     assert f.ranks == (0,)
     assert f.evidence["gpus"][0]["index"] == 3
+    assert f.fixes == (Fix("stray_process", 0, uuid, None, None, (KIND,), uuid),)
 
 
 def test_node_only_view_without_ranks_is_judged() -> None:
@@ -114,10 +126,10 @@ def test_node_only_view_without_ranks_is_judged() -> None:
     store = SampleStore()
     snap = job.snapshot()
     store.add(Batch(devices=snap.devices))
-    (f,) = idle_device.detect(store.snapshot(now=snap.end, window_s=None))
+    (f,) = idle_device.RULE(store.snapshot(now=snap.end, window_s=None))
     assert (f.ranks, f.evidence["gpus"][0]["index"]) == ((), 2)
 
 
 def test_several_idle_gpus_one_finding_each() -> None:
-    findings = idle_device.detect(two_ranks_on_four_gpus(STRAY, replace(STRAY, mem_used=GIB)))
+    findings = idle_device.RULE(two_ranks_on_four_gpus(STRAY, replace(STRAY, mem_used=GIB)))
     assert [f.evidence["gpus"][0]["index"] for f in findings] == [2, 3]

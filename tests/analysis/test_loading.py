@@ -3,9 +3,19 @@ per-rank figures it reads (data CPU, collective waits by operation, worker memor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from auditor.analysis.loading import CPU, IO, UNKNOWN, fair_share, loading_cost
+from auditor.analysis.loading import (
+    CPU,
+    IO,
+    MAIN_THREAD_CPU,
+    UNKNOWN,
+    WORKERS_CPU,
+    fair_share,
+    loading_cost,
+)
 from auditor.analysis.snapshot import Snapshot
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 from tests.helpers.snapshots import collective_ops, data_cpu, load_average, process_memory
@@ -68,13 +78,14 @@ def _workers(each: float, *, busy: float, load1: float | None = None) -> Snapsho
 )
 def test_kind_of_loading(snap: Snapshot, rank: int, kind: str, cores: float | None) -> None:
     cost = loading_cost(snap, snap.stats[rank])
-    assert cost.kind == kind, cost.why()
+    assert cost.kind == kind, cost
     if cores is None:
         assert cost.cores is None and cost.cpu_s is None
-        assert "main thread's CPU" in cost.why()
+        assert cost.missing == MAIN_THREAD_CPU
     else:
         assert cost.cores == pytest.approx(cores, rel=0.03)
-        assert cost.why().startswith("I/O-bound" if kind == IO else "CPU-bound")
+        assert cost.missing == ""
+    assert cost.evidence()["kind"] == kind
 
 
 def test_load_per_batch_and_cpu_per_batch() -> None:
@@ -90,6 +101,10 @@ def test_load_per_batch_and_cpu_per_batch() -> None:
     assert cost.load_s == pytest.approx(8 * 0.260, rel=0.02)
     assert cost.cpu_s == pytest.approx(0.9 * 8 * 0.260, rel=0.02)
     assert cost.evidence()["loaders"] == 8
+    # Workers whose CPU was not sampled: no verdict, and the evidence says so by code.
+    snap = _workers(0.9, busy=12.0)
+    unmeasured = loading_cost(snap, replace(snap.stats[3], worker_cpu=None))
+    assert (unmeasured.kind, unmeasured.missing) == (UNKNOWN, WORKERS_CPU)
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,11 @@ import pytest
 
 from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Fix
 from auditor.analysis.measures import fit_memory
 from auditor.analysis.rules import memory_headroom
-from auditor.report.phrasing import phrase
-from tests.helpers.gpus import H100_TOTAL
+from auditor.analysis.rules.memory_headroom import KIND
+from tests.helpers.gpus import H100_TOTAL, gpu_uuid
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB
 
@@ -23,11 +24,13 @@ def _only(findings: list[Finding]) -> Finding:
 
 def test_underused_memory_says_the_largest_batch_that_fits() -> None:
     snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35)
-    f = _only(memory_headroom.detect(snap))
+    f = _only(memory_headroom.RULE(snap))
     assert f.kind == "memory_headroom"
     assert f.severity == "info"
     assert f.ranks == (0, 1)
     assert [g["index"] for g in f.evidence["gpus"]] == [0, 1]
+    assert f.gpus == (gpu_uuid("node0", 0), gpu_uuid("node0", 1))
+    assert f.evidence["speedup_model"] == "not_predicted"
     row = f.evidence["per_rank"]["0"]
     assert row["fixed_bytes"] == pytest.approx(6 * GIB, rel=1e-6)
     assert row["per_sample_bytes"] == pytest.approx(0.35 * GIB, rel=1e-6)
@@ -39,12 +42,14 @@ def test_underused_memory_says_the_largest_batch_that_fits() -> None:
     assert row["current_batch"] == 64
     # floor((0.9 * 79.65 - 6 - 1) / 0.35) = floor(184.8) = 184.
     assert row["largest_batch"] == int((0.9 * TOTAL_GIB - 7.0) / 0.35)
-    assert (
-        phrase(f)
-        .fixes[0]
-        .startswith(f"batch_size 64 -> up to {row['largest_batch']} fits node0 GPU 0")
+    assert f.facts.verdict == "roomy"
+    assert f.facts.ranks[0].gpu == "node0 GPU 0"
+    assert f.facts.ranks[0].largest_batch == row["largest_batch"]
+    # Each rank: its batch to the largest that fits, on its GPU.
+    assert f.fixes == tuple(
+        Fix("batch_size", r, 64, row["largest_batch"], None, (KIND,), gpu_uuid("node0", r))
+        for r in (0, 1)
     )
-    assert "scale the learning rate" in phrase(f).fixes[0]
     assert f.predicted_speedup is None
 
 
@@ -56,7 +61,7 @@ def test_the_engine_adds_nothing_else_for_a_healthy_ramp() -> None:
 def test_tight_memory_suggests_checkpointing_and_mixed_precision_with_numbers() -> None:
     # At batch 64: 20 + 1 + 0.85 * 64 = 75.4 GiB > 0.9 * 79.65 = 71.7 GiB.
     snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
-    f = _only(memory_headroom.detect(snap))
+    f = _only(memory_headroom.RULE(snap))
     assert f.severity == "warning"
     assert f.ranks == (0, 1)
     row = f.evidence["per_rank"]["1"]
@@ -64,19 +69,30 @@ def test_tight_memory_suggests_checkpointing_and_mixed_precision_with_numbers() 
     assert row["largest_batch"] == int((budget - 21.0) / 0.85)
     assert row["largest_batch_checkpointing"] == int((budget - 21.0) / (0.85 / 4))
     assert row["largest_batch_mixed_precision"] == int((budget - 21.0) / (0.85 / 2))
-    fix = phrase(f).fixes[1]
-    assert "gradient checkpointing" in fix
-    assert f"fits up to batch {row['largest_batch_checkpointing']}" in fix
-    assert "torch.autocast" in fix
-    assert f"batch_size 64 -> {row['largest_batch']}" in fix
+    rank = f.facts.ranks[1]
+    assert f.facts.verdict == "tight" and not rank.model_is_lever
+    assert rank.largest_batch_checkpointing == row["largest_batch_checkpointing"]
+    assert rank.largest_batch_mixed_precision == row["largest_batch_mixed_precision"]
+    gpu1 = gpu_uuid("node0", 1)
+    assert [x for x in f.fixes if x.rank == 1] == [
+        Fix("gradient_checkpointing", 1, None, True, None, (KIND,), gpu1),
+        Fix("autocast_bf16", 1, None, True, None, (KIND,), gpu1),
+        Fix("batch_size", 1, 64, row["largest_batch"], None, (KIND,), gpu1),
+    ]
 
 
 def test_a_dominant_model_part_points_at_optimizer_state_not_the_batch() -> None:
     snap = batch_ramp([48, 56, 64], fixed_gib=45.0, per_sample_gib=0.45)
-    f = _only(memory_headroom.detect(snap))
+    f = _only(memory_headroom.RULE(snap))
     assert f.severity == "warning"
-    assert "the model part alone is 46.0 GiB" in phrase(f).fixes[0]
-    assert "FSDP" in phrase(f).fixes[0]
+    rank = f.facts.ranks[0]
+    assert rank.model_is_lever
+    assert rank.model_bytes == pytest.approx(46 * GIB, rel=0.01)
+    # Not the batch: less optimizer state, or sharding.
+    assert [(x.lever, x.proposed) for x in f.fixes if x.rank == 0] == [
+        ("optimizer", None),
+        ("sharding", True),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -98,13 +114,13 @@ def test_a_dominant_model_part_points_at_optimizer_state_not_the_batch() -> None
 )
 def test_decision_table(kwargs: dict, rule_kwargs: dict, expected: str | None) -> None:
     args = {"batches": [16, 32, 48, 64], "fixed_gib": 6.0, "per_sample_gib": 0.35, **kwargs}
-    findings = memory_headroom.detect(batch_ramp(**args), **rule_kwargs)
+    findings = memory_headroom.RULE(batch_ramp(**args), **rule_kwargs)
     assert [f.severity for f in findings] == ([expected] if expected else [])
 
 
 def test_nvml_only_fit_recovers_the_model() -> None:
     snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35, probe=None)
-    row = _only(memory_headroom.detect(snap)).evidence["per_rank"]["0"]
+    row = _only(memory_headroom.RULE(snap)).evidence["per_rank"]["0"]
     assert row["source"] == "nvml mem_used_bytes"
     # NVML includes the 1 GiB overhead in the fixed part.
     assert row["fixed_bytes"] == pytest.approx(7 * GIB, rel=0.01)
@@ -113,9 +129,10 @@ def test_nvml_only_fit_recovers_the_model() -> None:
 
 def test_memory_pressure_ranks_are_left_to_it() -> None:
     snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
-    prior = (Finding(kind="memory_pressure", severity="warning", ranks=(0,)),)
-    f = _only(memory_headroom.detect(snap, pressured=prior[0].ranks))
+    prior = [Finding(kind="memory_pressure", severity="warning", ranks=(0,))]
+    f = _only(memory_headroom.RULE(snap, explained=prior))
     assert f.ranks == (1,)
+    assert {x.rank for x in f.fixes} == {1}
 
 
 def test_fit_memory_needs_two_batch_sizes() -> None:

@@ -7,10 +7,11 @@ from dataclasses import replace
 import pytest
 
 from auditor.analysis import analyze
+from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import memory_pressure
+from auditor.analysis.rules.memory_pressure import KIND
 from auditor.analysis.snapshot import Snapshot
-from auditor.report.phrasing import phrase
-from tests.helpers.gpus import H100_TOTAL, GpuSpec, attach_gpus
+from tests.helpers.gpus import H100_TOTAL, GpuSpec, attach_gpus, gpu_uuid
 from tests.helpers.jobs import JobBuilder, balanced
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB, MIB
@@ -38,16 +39,25 @@ def test_rising_memory_on_a_nearly_full_gpu() -> None:
     assert f.evidence["minutes_to_full"] == pytest.approx(
         (H100_TOTAL - peak) / (200 * MIB) / 60, rel=0.02
     )
-    fix = phrase(f).fixes[1]
-    assert fix.startswith("node0 GPU 1 peaks at 92% of 79.6 GiB and rises 12000 MiB/min")
-    # Constant batch while memory rose: the leak comes first.
-    assert "the batch stayed at 32 while memory rose" in fix
+    assert f.gpus == (gpu_uuid("node0", 1),)
+    assert f.facts.gpu == "node0 GPU 1"
+    assert f.facts.peak_ratio == pytest.approx(0.92, abs=0.01)
+    relief = f.facts.ranks[1]
+    # Constant batch while memory rose: something is kept across steps.
+    assert relief.kept_across_steps and relief.batch == 32
     # No fit (one batch size): proportional, floor(32 * 0.85 * total / peak).
     suggested = int(32 * 0.85 * H100_TOTAL / peak)
-    assert f"batch_size 32 -> {suggested}" in fix
-    assert f.evidence["per_rank"]["1"]["basis"].startswith("memory assumed in proportion")
-    assert "gradient checkpointing" in fix
-    assert "torch.autocast" in fix
+    assert relief.smaller_batch == suggested
+    assert relief.basis == "proportional"
+    assert f.evidence["per_rank"]["1"]["basis"] == "proportional"
+    assert f.evidence["speedup_model"] == "not_predicted"
+    # The leak first, the smaller batch, then checkpointing and mixed precision.
+    assert f.fixes == (
+        Fix("retained_tensors", 1, answers=(KIND,)),
+        Fix("batch_size", 1, 32, suggested, None, (KIND,)),
+        Fix("gradient_checkpointing", 1, None, True, None, (KIND,)),
+        Fix("autocast_bf16", 1, None, True, None, (KIND,)),
+    )
     assert f.predicted_speedup is None
 
 
@@ -71,16 +81,21 @@ def test_rising_memory_on_a_nearly_full_gpu() -> None:
     ],
 )
 def test_decision_table(gpu1: GpuSpec, kwargs: dict, expected: list) -> None:
-    findings = memory_pressure.detect(two_ranks(gpu1), **kwargs)
+    findings = memory_pressure.RULE(two_ranks(gpu1), **kwargs)
     assert [(f.ranks, f.severity) for f in findings] == expected
 
 
 def test_unowned_gpu_is_named_without_ranks() -> None:
-    (f,) = memory_pressure.detect(two_ranks(LEAKING, owners=[[0], []]))
+    (f,) = memory_pressure.RULE(two_ranks(LEAKING, owners=[[0], []]))
     assert f.ranks == ()
-    assert phrase(f).fixes == {}
+    assert f.facts.ranks == {}
     assert f.evidence["gpus"][0]["index"] == 1
-    assert phrase(f).notes["fix"].startswith("node0 GPU 1 peaks at 92%")
+    # The fixes name the GPU, no rank.
+    gpu1 = gpu_uuid("node0", 1)
+    assert f.fixes == (
+        Fix("gradient_checkpointing", None, None, True, None, (KIND,), gpu1),
+        Fix("autocast_bf16", None, None, True, None, (KIND,), gpu1),
+    )
 
 
 def test_batch_from_the_fitted_model_when_the_batch_varied() -> None:
@@ -91,9 +106,14 @@ def test_batch_from_the_fitted_model_when_the_batch_varied() -> None:
     assert [f.ranks for f in pressure] == [(0,), (1,)]
     f = pressure[0]
     row = f.evidence["per_rank"]["0"]
-    assert row["basis"] == "fitted memory = a + b * batch"
+    assert row["basis"] == "fit"
     # floor((0.85 * 79.65 - 6 - 1) / 1.05) = 57.
     assert row["suggested_batch"] == int((0.85 * H100_TOTAL / GIB - 7.0) / 1.05)
-    assert "the batch stayed" not in phrase(f).fixes[0]
+    assert not f.facts.ranks[0].kept_across_steps
+    assert [(x.lever, x.current, x.proposed) for x in f.fixes] == [
+        ("batch_size", 64, row["suggested_batch"]),
+        ("gradient_checkpointing", None, True),
+        ("autocast_bf16", None, True),
+    ]
     # memory_headroom leaves the pressured ranks alone.
     assert not [f for f in findings if f.kind == "memory_headroom"]

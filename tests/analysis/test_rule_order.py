@@ -1,16 +1,20 @@
-"""The findings do not depend on the order of RULES: cause-linking is the engine's own step."""
+"""The registry: every rule declared once in its module, the order and the cause graph derived
+from the declarations, and findings that do not depend on the order the rules came in."""
 
 from __future__ import annotations
 
+import dataclasses
+import pkgutil
 import random
 from pathlib import Path
 
 import pytest
 
+import auditor.analysis.rules as rules_package
+import auditor.report.phrasing as phrasing_package
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis import engine as engine_module
-from auditor.analysis.causes import EXPLAINED_BY, LISTING
-from auditor.analysis.rules import RULES
+from auditor.analysis.rules import KINDS, REGISTRY, RULES, ordered
 from auditor.analysis.snapshot import Snapshot
 from auditor.telemetry.recorded import read_recording
 
@@ -27,17 +31,52 @@ def _snapshot(name: str) -> Snapshot:
     return store.snapshot(now=now, window_s=None)
 
 
-def test_listing_covers_every_rule_and_puts_explaining_rules_first() -> None:
-    assert set(LISTING) == set(RULES)
-    for rule, by in EXPLAINED_BY.items():
-        assert all(LISTING.index(b) < LISTING.index(rule) for b in by), rule
+def _modules(package: object) -> set[str]:
+    return {m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")}  # type: ignore[attr-defined]
+
+
+def test_one_module_one_rule_one_wording() -> None:
+    assert set(KINDS) == _modules(rules_package)
+    assert _modules(phrasing_package) - {"words"} == set(KINDS)
+    assert [r.kind for r in REGISTRY] == list(KINDS) == list(RULES)
+
+
+def test_explaining_rules_come_first_and_exist() -> None:
+    seen: set[str] = set()
+    for rule in REGISTRY:
+        assert set(rule.explained_by) <= seen, rule.kind
+        seen.add(rule.kind)
+
+
+def test_the_order_is_derived_whatever_order_rules_come_in() -> None:
+    for seed in range(5):
+        shuffled = random.Random(seed).sample(list(REGISTRY), len(REGISTRY))
+        assert ordered(shuffled) == REGISTRY
+
+
+def test_a_rule_placed_before_what_explains_it_is_refused() -> None:
+    first, *rest = REGISTRY
+    early = dataclasses.replace(rest[-1], place=first.place - 1)
+    with pytest.raises(TypeError, match="explained by"):
+        ordered([early, *REGISTRY[:-1]])
+    twin = dataclasses.replace(first, kind="twin")
+    with pytest.raises(TypeError, match="share"):
+        ordered([*REGISTRY, twin])
+
+
+def test_thresholds_are_typed_and_unknown_ones_refused() -> None:
+    for rule in REGISTRY:
+        assert rule.threshold_names, rule.kind
+        assert rule.settings() == rule.thresholds()
+    with pytest.raises(ValueError, match="unknown threshold"):
+        REGISTRY[0].settings({"no_such_threshold": 1})
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_shuffled_rules_give_identical_findings(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = [f.to_dict() for f in analyze(_snapshot(name))]
-    names = list(RULES)
-    orders = [names[::-1]] + [random.Random(seed).sample(names, len(names)) for seed in range(3)]
-    for order in orders:
-        monkeypatch.setattr(engine_module, "RULES", {n: RULES[n] for n in order})
-        assert [f.to_dict() for f in analyze(_snapshot(name))] == expected, order
+    for seed in range(3):
+        shuffled = random.Random(seed).sample(list(REGISTRY), len(REGISTRY))
+        # A registry listed in another order is put back in the derived one by ``ordered``.
+        monkeypatch.setattr(engine_module, "REGISTRY", ordered(shuffled))
+        assert [f.to_dict() for f in analyze(_snapshot(name))] == expected, seed

@@ -118,11 +118,17 @@ def test_throttled_gpu_details() -> None:
     snap, uuids = load("throttled_gpu")
     findings = analyze(snap)
     f = _one(findings, "hardware_straggler")
-    reasons = f.evidence["per_rank"]["2"]["reasons"]
-    assert reasons[0].startswith("throttled (sw_thermal_slowdown)")
-    assert reasons[1].startswith("SM clock at 68% of its maximum")
-    assert phrase(f).fixes[2].startswith("gpu-node-07 GPU 2 slows down for heat")
-    assert uuids[2] in phrase(f).fixes[2]
+    # The facts (the words: tests/report/phrasing/test_hardware_straggler.py).
+    assert f.evidence["per_rank"]["2"]["reasons"] == ["throttled", "low_clock"]
+    gpu = f.facts.ranks[2]
+    assert gpu.slowdowns[0].reasons[0] == "sw_thermal_slowdown"
+    assert round(gpu.slowdowns[1].ratio, 2) == 0.68
+    assert (gpu.label, gpu.uuid, gpu.thermal) == ("gpu-node-07 GPU 2", uuids[2], True)
+    assert [(x.lever, x.rank, x.current, x.gpu) for x in f.fixes[:2]] == [
+        ("device", 2, "thermal", uuids[2]),
+        ("gpu_assignment", 2, uuids[2], uuids[2]),
+    ]
+    assert f.gpus == (uuids[2],)
     assert f.predicted_speedup == pytest.approx(1.41, abs=0.05)
     assert _one(findings, "utilization_imbalance").cause == "hardware_straggler"
 
@@ -135,23 +141,37 @@ def test_dataparallel_gather_details() -> None:
     chunks = f.evidence["balanced_chunk_sizes"]
     assert sum(chunks) == 256
     assert chunks[0] < 64 < min(chunks[1:])
-    assert "`torchrun --nproc_per_node=4 train.py`" in phrase(f).fixes[0]
+    # DDP with the command (its words: tests/report/phrasing/test_dataparallel_gather.py).
+    assert f.facts.command == "torchrun --nproc_per_node=4 train.py"
+    assert (f.fixes[0].lever, f.fixes[0].rank, f.fixes[0].proposed) == ("parallel_mode", 0, "ddp")
     assert _one(findings, "memory_imbalance").cause == "dataparallel_gather"
     assert _one(findings, "utilization_imbalance").cause == "dataparallel_gather"
 
 
 def test_dp_batch_details() -> None:
-    f = _one(analyze(load("dp_batch_30_over_4")[0]), "batch_split")
+    snap, uuids = load("dp_batch_30_over_4")
+    f = _one(analyze(snap), "batch_split")
     assert f.evidence["chunk_sizes"] == [8, 8, 8, 6]
     assert f.evidence["nearest_batches"] == [32, 28]
-    assert phrase(f).fixes[0].startswith("batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU)")
+    assert f.gpus == (uuids[3],)
+    # batch_size 30 -> 32 (8 per GPU) or 28 (7 per GPU), or the chunks kept even.
+    assert [(x.lever, x.rank, x.current, x.proposed) for x in f.fixes] == [
+        ("batch_size", 0, 30, 32),
+        ("batch_size", 0, 30, 28),
+        ("scatter_chunks", 0, "8,8,8,6", "8,8,7,7"),
+    ]
 
 
 def test_idle_gpu_details() -> None:
-    f = _one(analyze(load("idle_allocated_gpu")[0]), "idle_device")
+    snap, uuids = load("idle_allocated_gpu")
+    f = _one(analyze(snap), "idle_device")
     assert f.evidence["pids"] == [39127]
     assert f.evidence["held_bytes"] == 18 * GIB + 512 * MIB
-    assert "`kill 39127`" in phrase(f).notes["fix"]
+    # Stop PID 39127 on the GPU no rank owns (the words: the phrasing tests).
+    assert [(x.lever, x.rank, x.current, x.gpu) for x in f.fixes] == [
+        ("stray_process", None, 39127, uuids[2])
+    ]
+    assert f.gpus == (uuids[2],)
 
 
 def test_memory_fit_details() -> None:

@@ -6,17 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from auditor.analysis import analyze, causes
+from auditor.analysis import analyze
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules import (
-    batch_split,
-    compute_straggler,
-    cpu_oversubscription,
-    data_starvation,
-    utilization_imbalance,
-)
+from auditor.analysis.fixes import Fix
+from auditor.analysis.rules import utilization_imbalance
+from auditor.analysis.rules.utilization_imbalance import KIND
 from auditor.analysis.snapshot import Snapshot
-from auditor.report.phrasing import phrase
 from tests.helpers.jobs import RankSpec, balanced, ddp_snapshot
 from tests.helpers.snapshots import collective_ops
 
@@ -44,11 +39,11 @@ def _only(findings: list[Finding], kind: str) -> Finding:
 
 
 def _prior(snap: Snapshot) -> tuple[Finding, ...]:
-    found: dict[str, list[Finding]] = {}
-    for rule in (cpu_oversubscription, data_starvation, batch_split, compute_straggler):
-        name = rule.__name__.rpartition(".")[2]
-        found[name] = rule.detect(snap, **causes.inputs(name, found))
-    return causes.candidate_causes(f for fs in found.values() for f in fs)
+    """The explaining rules' findings, in ``explained_by`` order (as the engine hands them)."""
+    found = analyze(snap)
+    return tuple(
+        f for kind in utilization_imbalance.RULE.explained_by for f in found if f.kind == kind
+    )
 
 
 @pytest.mark.parametrize(
@@ -74,9 +69,12 @@ def test_attributed_to_the_cause_found_earlier(specs: list, slow_rank: int, caus
     for r, b in busy.items():
         if int(r) != slow_rank:
             assert b == pytest.approx(0.50, abs=0.02)
-    # Fixes and speed-up are the cause's, for the blamed rank only.
+    # Fixes and speed-up are the cause's, for the blamed rank only, answering both findings.
     source = _only(findings, cause)
-    assert phrase(f).fixes == {slow_rank: phrase(source).fixes[slow_rank]}
+    assert f.facts.cause == source
+    assert f.fixes and f.fixes == tuple(
+        replace(fix, answers=(cause, KIND)) for fix in source.fixes if fix.rank == slow_rank
+    )
     assert f.predicted_speedup == source.predicted_speedup
     # The symptom stays below critical; the cause carries the weight.
     assert f.severity != "critical"
@@ -86,25 +84,32 @@ def test_attributed_to_the_cause_found_earlier(specs: list, slow_rank: int, caus
 
 
 def test_without_a_cause_it_blames_the_slow_rank_and_asks_to_profile() -> None:
-    f = utilization_imbalance.detect(ddp_snapshot(busy_90_50(SLOW, 2)))[0]
-    assert f.cause is None
+    f = utilization_imbalance.RULE(ddp_snapshot(busy_90_50(SLOW, 2)))[0]
+    assert f.cause is None and f.facts.cause is None
     assert f.ranks == (2,)
-    assert set(phrase(f).fixes) == {2}
-    assert phrase(f).fixes[2].startswith("profile rank 2")
     # Barrier model by hand: before 96 ms local + 4 ms floor = 100 ms; rank 2 at its peers'
     # 56 ms local: 60 ms. 100 / 60 = 1.667.
     assert f.predicted_speedup == pytest.approx(100 / 60, rel=0.02)
+    # Profile rank 2: busy 90% of each step while its peers wait for it.
+    assert f.fixes == (Fix("rank_work", 2, None, None, f.predicted_speedup, (KIND,)),)
+    assert set(f.facts.busy) == {2}
+    assert f.facts.busy[2] == pytest.approx(0.90, abs=0.02)
+    spread = f.facts.spread
+    assert (spread.high, spread.gpus) == (2, False)
+    assert spread.high_busy == pytest.approx(0.90, abs=0.02)
+    assert spread.low_busy == pytest.approx(0.50, abs=0.02)
 
 
 def test_cause_is_taken_from_prior_findings_passed_in() -> None:
     snap = ddp_snapshot(busy_90_50(BIG_BATCH, 1))
-    f = utilization_imbalance.detect(snap, causes=_prior(snap))[0]
+    f = utilization_imbalance.RULE(snap, explained=_prior(snap))[0]
     assert f.cause == "batch_split"
     # A prior finding about other ranks is not a cause.
     other = Finding(kind="compute_straggler", severity="warning", ranks=(3,))
-    f = utilization_imbalance.detect(snap, causes=(other,))[0]
+    f = utilization_imbalance.RULE(snap, explained=(other,))[0]
     assert f.cause is None
     assert f.ranks == (1,)
+    assert [fix.lever for fix in f.fixes] == ["rank_work"]
 
 
 @pytest.mark.parametrize(
@@ -120,7 +125,7 @@ def test_cause_is_taken_from_prior_findings_passed_in() -> None:
     ],
 )
 def test_decision_table(specs: list, thresholds: dict, expected_ranks: tuple[int, ...]) -> None:
-    findings = utilization_imbalance.detect(ddp_snapshot(specs), **thresholds)
+    findings = utilization_imbalance.RULE(ddp_snapshot(specs), **thresholds)
     assert tuple(r for f in findings for r in f.ranks) == expected_ranks
 
 
@@ -130,26 +135,33 @@ def test_a_rank_with_unmeasured_wait_that_only_waits_is_not_blamed() -> None:
     # only waits (40 ms a step), so it must not be blamed.
     specs = busy_90_50(SLOW, 2)
     specs[0] = replace(specs[0], measure_wait=False)
-    findings = utilization_imbalance.detect(ddp_snapshot(specs))
+    findings = utilization_imbalance.RULE(ddp_snapshot(specs))
     assert [f.ranks for f in findings] == [(2,)]
+    # Rank 0's wait was not measured: its waiting may read as busy time.
+    (f,) = findings
+    assert f.facts.unmeasured == (0,)
+    assert f.evidence["not_measured"] == ["collective_wait"]
+    assert "0" not in f.evidence["collective_wait_ms"]
 
 
 def test_silent_below_min_steps() -> None:
-    assert utilization_imbalance.detect(ddp_snapshot(busy_90_50(SLOW, 2), steps=7)) == []
-    assert len(utilization_imbalance.detect(ddp_snapshot(busy_90_50(SLOW, 2), steps=8))) == 1
+    assert utilization_imbalance.RULE(ddp_snapshot(busy_90_50(SLOW, 2), steps=7)) == []
+    assert len(utilization_imbalance.RULE(ddp_snapshot(busy_90_50(SLOW, 2), steps=8))) == 1
 
 
 def test_names_the_collectives_the_others_wait_in() -> None:
-    """Where the probe named the collectives, the summary says where the others wait for the
-    blamed rank, with the helper compute_straggler and data_starvation use."""
+    """Where the probe named the collectives, the finding says where the others wait for the
+    blamed rank (largest wait first), as compute_straggler and data_starvation do."""
     snap = ddp_snapshot(busy_90_50(SLOW, 2))
     for r in (0, 1, 3):
         snap = collective_ops(snap, r, {"all_reduce": 1, "ddp_allreduce": 9})
     snap = collective_ops(snap, 2, {"ddp_allreduce": 1})
     f = _only(analyze(snap), "utilization_imbalance")
     assert f.ranks == (2,)
-    assert phrase(f).summary.endswith("the others wait for rank 2 in ddp_allreduce/all_reduce")
+    assert f.facts.waiting_in == ("ddp_allreduce", "all_reduce")
+    assert f.facts.peers
     assert set(f.evidence["collective_ops_ms"]) == {"0", "1", "2", "3"}
-    # Unnamed (an older probe): the summary says only who is waited for.
+    # Unnamed (an older probe): only who is waited for.
     plain = _only(analyze(ddp_snapshot(busy_90_50(SLOW, 2))), "utilization_imbalance")
-    assert phrase(plain).summary.endswith("the others wait for rank 2")
+    assert plain.facts.waiting_in == ()
+    assert "collective_ops_ms" not in plain.evidence

@@ -12,12 +12,12 @@ from typing import Any
 import psutil
 import pytest
 
-from auditor import session
 from auditor.cluster.address import AddressError, RayCluster, resolve_cluster
 from auditor.cluster.launcher import LaunchError
 from auditor.cluster.runtime import check_cluster
+from auditor.commands import run as run_command
+from auditor.commands.doctor import check_ray
 from auditor.configs import RunConfig
-from auditor.doctor import check_ray
 
 
 def recorded(root: Path, address: str) -> dict[str, str]:
@@ -80,7 +80,7 @@ def test_a_named_cluster_that_cannot_be_joined_stops_the_job(
     def refused(**kwargs: Any) -> Any:
         raise ConnectionError("the cluster refused the driver")
 
-    monkeypatch.setattr(session, "start_agent", refused)
+    monkeypatch.setattr(run_command, "start_agent", refused)
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -94,8 +94,8 @@ def test_a_named_cluster_that_cannot_be_joined_stops_the_job(
         )
         t0 = time.monotonic()
         with pytest.raises(LaunchError) as err:
-            session.run(cfg, out=io.StringIO(), env={"RAY_ADDRESS": address})
-    assert err.value.exit_code == session.JOIN_FAILED_EXIT != 0
+            run_command.run(cfg, out=io.StringIO(), env={"RAY_ADDRESS": address})
+    assert err.value.exit_code == run_command.JOIN_FAILED_EXIT != 0
     assert f"could not join the Ray cluster at {address} (from RAY_ADDRESS)" in str(err.value)
     assert "the job was stopped" in str(err.value)
     assert time.monotonic() - t0 < 30  # stopped, not waited for

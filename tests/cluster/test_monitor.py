@@ -297,7 +297,7 @@ def test_device_source_environment_twin(
 
 
 def test_doctor_command_calls_doctor_main(monkeypatch: pytest.MonkeyPatch) -> None:
-    import auditor.doctor
+    import auditor.commands.doctor
 
     calls: list[tuple[bool, str | None]] = []
 
@@ -305,7 +305,7 @@ def test_doctor_command_calls_doctor_main(monkeypatch: pytest.MonkeyPatch) -> No
         calls.append((json_output, prometheus_url))
         return 7
 
-    monkeypatch.setattr(auditor.doctor, "main", fake)
+    monkeypatch.setattr(auditor.commands.doctor, "main", fake)
     assert main(["doctor", "--json", "--prometheus-url", "http://127.0.0.1:9"]) == 7
     monkeypatch.setenv("AUDITOR_PROMETHEUS_URL", "http://p:9090")
     assert main(["doctor"]) == 7

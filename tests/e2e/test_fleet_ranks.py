@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from auditor.cluster.probing import BOOT_DIR
 from auditor.probe.hooks import default_sink_path
-from auditor.session import BOOT_DIR
 from tests.helpers.waiting import wait_for_service
 
 from .conftest import EXAMPLES, REPO, base_env

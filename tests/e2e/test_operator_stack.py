@@ -33,7 +33,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.ops.alerts import ALERT_RULES, referenced_metrics
-from auditor.ops.grafana import queries, substitute
+from auditor.ops.dashboard_queries import queries, substitute
 from auditor.ops.recording import RECORDED
 from tests.helpers.scrape import scrape
 from tests.helpers.tools import require_tool

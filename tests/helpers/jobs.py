@@ -271,3 +271,8 @@ def oversubscribed_2core() -> tuple[list[RankSpec], dict[str, NodeSpec]]:
         RankSpec(num_workers=8, main_cpu=0.15, worker_cpu=0.4),
     ]
     return specs, {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
+
+
+def accumulating(specs: list[RankSpec], n: int = 4) -> list[RankSpec]:
+    """The same per-step batches, each step made of ``n`` micro-batches."""
+    return [replace(s, micro_batches=n) for s in specs]

@@ -122,7 +122,7 @@ def snapshot_of(store: SampleStore) -> Snapshot:
 def final_report(
     store: SampleStore, *, command: list[str], duration_s: float, exit_code: int = 0, **kwargs: Any
 ) -> tuple[Snapshot, list[Finding], dict[str, Any]]:
-    """What a run ends with (as ``session.run`` builds it): the whole run's snapshot at the
+    """What a run ends with (as ``commands.run.run`` builds it): the whole run's snapshot at the
     newest sample, every rule's findings, and the JSON report of them (``kwargs``: notes, job...).
     """
     snap = snapshot_of(store)

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from auditor.analysis.findings import KINDS, SEVERITIES
+from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.rules import KINDS
 from auditor.metrics import catalog as C
 from auditor.metrics.catalog import CATALOG, MetricSpec
 from auditor.samples import PHASES

@@ -26,19 +26,15 @@ from auditor.ops.boards import (
     phase,
     phase_breakdown,
 )
-from auditor.ops.grafana import (
+from auditor.ops.dashboard_queries import (
     BUILTIN_VALUES,
-    GRID_COLUMNS,
-    Dashboard,
-    Row,
-    Target,
-    TimeSeries,
     panels,
     queries,
     substitute,
     variable_names,
     variable_selectors,
 )
+from auditor.ops.grafana import GRID_COLUMNS, Dashboard, Row, Target, TimeSeries
 from auditor.samples import PHASES
 from tests.helpers.tools import require_tool
 

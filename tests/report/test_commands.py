@@ -13,7 +13,7 @@ import pytest
 from auditor.analysis import SampleStore
 from auditor.analysis.snapshot import WARMUP_STEPS
 from auditor.cli.reports import add_subcommands, dispatch
-from auditor.report.commands import load_input, sniff
+from auditor.commands.reports import load_input, sniff
 from auditor.report.json_report import write_report
 from auditor.report.terminal import render_verdict
 from auditor.samples import Batch
@@ -33,7 +33,7 @@ def record(path: Path, specs: list[Any], steps: int = 60) -> tuple[Path, dict[st
     JobBuilder(specs, comm=0.001, store=store).run(steps)
     command = ["torchrun", "--nproc_per_node=2", "examples/starved_rank.py"]
     write_recording(path, batches, job="starved_rank", meta={"command": command})
-    # What session.run does at the end of the job.
+    # What auditor.commands.run.run does at the end of the job.
     _, _, live = final_report(store, command=command, duration_s=10.0, job="starved_rank")
     return path, live
 
@@ -70,7 +70,7 @@ def test_analyze_gives_the_live_verdict(tmp_path: Path) -> None:
     code, out, _ = cli("analyze", str(path), "--json")
     assert code == 0
     report = json.loads(out)
-    assert report["schema"] == "auditor.report/v1"
+    assert report["schema"] == "auditor.report/v2"
     assert report["findings"] == live["findings"]
     assert report["ranks"] == live["ranks"]
     assert report["job"]["command"] == live["job"]["command"]

@@ -12,18 +12,15 @@ from typing import Any
 import pytest
 
 from auditor.analysis import SampleStore, analyze
-from auditor.report.html import (
+from auditor.report.figures import (
     BREAKDOWN,
     MAX_POINTS,
     breakdown_ms,
     budget_limit,
-    fixes_by_rank,
     memory_figure,
     memory_parts,
-    render_html,
-    write_html,
-    write_html_for_run,
 )
+from auditor.report.html import fixes_by_rank, render_html, write_html, write_html_for_run
 from auditor.report.json_report import build_report
 from auditor.report.model import BudgetEntry, RankEntry, ReportFinding
 from auditor.report.terminal import render_verdict

@@ -27,7 +27,7 @@ from tests.helpers.reports import HOST, T0, make_store, snapshot_of, starved_rep
 def test_report_has_exact_schema_keys() -> None:
     _, findings, report = starved_report()
     assert list(report) == ["schema", "generated_at", "job", "ranks", "findings", "notes"]
-    assert report["schema"] == SCHEMA == "auditor.report/v1"
+    assert report["schema"] == SCHEMA == "auditor.report/v2"
     assert set(report["job"]) == set(JOB_KEYS)
     assert len(report["ranks"]) == 2
     for entry in report["ranks"]:
@@ -236,7 +236,7 @@ def test_write_and_load_round_trip(tmp_path: Path) -> None:
     write_report(target, report)
     assert load_report(target) == report
     text = target.read_text()
-    assert text.startswith('{\n  "schema": "auditor.report/v1"')  # indent=2
+    assert text.startswith('{\n  "schema": "auditor.report/v2"')  # indent=2
     assert sorted(p.name for p in target.parent.iterdir()) == ["report.json"]  # no temp left
     # overwriting replaces the file whole
     report2 = dict(report, notes=["second"])

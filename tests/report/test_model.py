@@ -11,9 +11,9 @@ import pytest
 
 from auditor import wording
 from auditor.analysis.findings import SEVERITY_ORDER, severity_key
+from auditor.commands.reports import analyze_recording, load_input
 from auditor.report import live
 from auditor.report.columns import FIGURE_COLUMNS, titles
-from auditor.report.commands import analyze_recording, load_input
 from auditor.report.compare import compare_reports, render_compare
 from auditor.report.html import render_html
 from auditor.report.json_report import read_report, write_report

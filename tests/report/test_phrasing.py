@@ -21,6 +21,7 @@ from auditor.analysis.rules import RULES
 from auditor.analysis.rules.compute_straggler import Facts, SlowRank
 from auditor.analysis.rules.utilization_imbalance import Facts as ImbalanceFacts
 from auditor.analysis.rules.utilization_imbalance import Spread
+from auditor.report.model import ReportFinding
 from auditor.report.phrasing import phrase, phrase_facts
 from auditor.report.phrasing.words import it_or_them, ops_text, s_if_one, with_expectation
 from auditor.wording import fmt_ms, fmt_pct, ranks_text
@@ -85,7 +86,19 @@ def test_a_symptom_words_its_cause_fixes_for_the_ranks_it_blames() -> None:
     )
 
 
-""" + open('/tmp/moved.py').read() + """
+def test_the_report_rounds_the_speedup_and_sorts_the_fixes_by_rank() -> None:
+    f = Finding(
+        kind="compute_straggler",
+        severity="warning",
+        ranks=(1, 3),
+        facts=Facts({3: SLOW, 1: SLOW}),
+        predicted_speedup=1.23456,
+    )
+    d = ReportFinding.of(f).to_dict()
+    assert d["predicted_speedup"] == 1.235
+    assert list(d["fixes"]) == ["1", "3"]
+    assert d["fixes"]["1"].startswith("forward takes 70 ms vs 30 ms on peers")
+    assert ReportFinding.from_dict(d).fixes == phrase(f).fixes
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,9 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.loading import CPU
 from auditor.analysis.rules import data_starvation
 from auditor.analysis.rules.hardware_straggler import Facts, LowClock, SlowGpu
+from auditor.audit import Verdict
 from auditor.service.http import ENDPOINTS, ServiceServer
-from auditor.service.service import Health, JobResult, Published
+from auditor.service.service import Health, Published
 from tests.helpers.tools import require_tool
 
 T0 = 1_800_000_000.0
@@ -105,7 +106,7 @@ def healthy(**changes: Any) -> Health:
 
 
 def published(health: Health | None = None) -> Published:
-    train = JobResult(
+    train = Verdict(
         job=JOB,
         ranks=3,
         world_size=4,
@@ -115,7 +116,7 @@ def published(health: Health | None = None) -> Published:
         imbalance_ratio=0.59,
         window=(T0 - 60.0, T0),
     )
-    quiet = JobResult(
+    quiet = Verdict(
         job="quiet",
         ranks=1,
         world_size=1,

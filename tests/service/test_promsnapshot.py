@@ -14,11 +14,12 @@ import yaml
 
 from auditor.analysis import analyze
 from auditor.analysis.devices import device_stats
-from auditor.analysis.snapshot import Snapshot
-from auditor.analysis.stats import rank_stats
+from auditor.analysis.snapshot import RankView, Snapshot
+from auditor.analysis.stats import rank_stats, rank_stats_from_columns
 from auditor.metrics import catalog as C
 from auditor.metrics.query import Series
 from auditor.report.phrasing import phrase
+from auditor.samples import ProcessCpu, RankInfo, StepSample
 from auditor.service.promsnapshot import build_snapshots, queries, running_jobs, sub_key
 from tests.helpers import servejob
 from tests.helpers.tools import require_tool
@@ -351,6 +352,51 @@ def test_stats_and_objects_equal_the_reductions_and_constructors() -> None:
     _built_alike(build_snapshots(answers, NOW, WINDOW)[JOB])
     big = servejob.answers(64, scrape_s=15.0, now=NOW)
     _built_alike(build_snapshots(big, NOW, servejob.WINDOW_S)[servejob.JOB])
+
+
+def test_column_statistics_follow_the_reductions_rules() -> None:
+    """``rank_stats_from_columns`` on its own: a rank without steps has an empty window's
+    figures whatever its step columns say, one never sampled no CPU figures; counts and bytes
+    become floats, compute and local time are derived, and a pace given is the one read."""
+    nan = math.nan
+    busy, idle = rank_stats_from_columns(
+        rank=[0, 1],
+        host=["a", "a"],
+        device=["cpu", "cpu"],
+        loader=[None, None],
+        steps=[10, 0],
+        step_s=[0.2, math.inf],
+        data_wait_s=[0.05, nan],
+        h2d_s=[0.0, nan],
+        forward_s=[0.05, nan],
+        backward_s=[0.04, nan],
+        optimizer_s=[0.01, nan],
+        collective_wait_s=[0.05, None],
+        batch_size=[32, 7],
+        micro_batches=[2, 3],
+        rss_bytes=[1000, 5],
+        mem_allocated_bytes=[None, 5],
+        mem_peak_bytes=[2000, 5],
+        cpu_sampled=[True, False],
+        main_cpu=[0.5, 0.7],
+        worker_cpu=[1.5, 2.0],
+        workers=[3, 2],
+        main_rss_bytes=[1000, 5],
+        mean_step_s=[0.25, 0.3],
+    )
+    view = RankView(info=RankInfo(rank=1, world_size=0, host="a"), steps=())
+    assert vars(idle) == vars(rank_stats(view))
+    sample = StepSample(
+        rank=0, step=0, time=NOW, step_s=0.2, data_wait_s=0.05, h2d_s=0.0, forward_s=0.05,
+        backward_s=0.04, optimizer_s=0.01, collective_wait_s=0.05, batch_size=32,
+        rss_bytes=1000, mem_peak_bytes=2000, micro_batches=2, count=10,
+    )  # fmt: skip
+    cpu = ProcessCpu(rank=0, time=NOW, pid=0, main_cpu=0.5, worker_cpu=(0.5,) * 3, rss_bytes=1000)
+    reduced = rank_stats(RankView(info=RankInfo(0, 0, host="a"), steps=(sample,), cpu=(cpu,)))
+    assert vars(busy) == vars(dataclasses.replace(reduced, mean_step_s=0.25))
+    assert busy.compute_s == pytest.approx(0.1) and busy.local_s == pytest.approx(0.15)
+    assert busy.paced().step_s == 0.25 and busy.paced().data_wait_s == 0.05
+    assert (busy.batch_size, busy.micro_batches, busy.main_rss_bytes) == (32.0, 2.0, 1000.0)
 
 
 def test_only_the_gpus_of_the_jobs_asked_for() -> None:

@@ -25,18 +25,12 @@ from typing import Any
 
 import pytest
 
+from auditor.audit import Overrides, Verdict, imbalance_ratio
 from auditor.cli.options import parse_overrides
 from auditor.metrics.query import PrometheusClient
 from auditor.report.phrasing import phrase
 from auditor.service.promsnapshot import build_snapshots
-from auditor.service.service import (
-    AuditService,
-    JobResult,
-    Overrides,
-    analyse_answers,
-    backoff_s,
-    imbalance_ratio,
-)
+from auditor.service.service import AuditService, analyse_answers, backoff_s
 from tests.helpers.clocks import Clock
 from tests.helpers.prometheus import (
     FIRST_KEY,
@@ -125,7 +119,7 @@ def serve_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "auditor.serve"]
 
 
-def starvation(result: JobResult) -> list[tuple[int, ...]]:
+def starvation(result: Verdict) -> list[tuple[int, ...]]:
     return [f.ranks for f in result.findings if f.kind == "data_starvation"]
 
 

@@ -14,12 +14,15 @@ in epochs). So an uneven split under DDP or FSDP is at least a ``warning``, what
 effect.
 
 Fix: the equal split that keeps the global batch (48 + 16 -> 32 + 32), largest remainder where it
-does not divide; the evidence also gives the split that would equalise compute time
-(``b_r ~ 1 / (compute per sample of r)``). Where the ranks differ in speed enough for the two to
-differ, the fix adds the alternative that keeps the uneven split correct: weight each rank's loss
-by its share of the global batch. Blamed: the ranks whose batch is above the equal split (the
-others wait for them when speeds are equal). Predicted speed-up: the equal split's, under the
-barrier model.
+does not divide (a ``batch_size`` :class:`~auditor.analysis.fixes.Fix` for every rank whose batch
+changes, in the unit the user sets); the evidence also gives the split that would equalise compute
+time (``b_r ~ 1 / (compute per sample of r)``). Where the ranks differ in speed enough for the two
+to differ, the fix adds the alternative that keeps the uneven split correct: weight each rank's
+loss by its share of the global batch (``loss_weight``). The evidence names the gradient
+weighting and the epoch lengths by code (:data:`EQUAL_PER_RANK`, :data:`DISTRIBUTED_SAMPLER` or
+:data:`SAME_SAMPLES_ASSUMED`); the report words them. Blamed: the ranks whose batch is above the
+equal split (the others wait for them when speeds are equal). Predicted speed-up: the equal
+split's, under the barrier model.
 
 DataParallel: one process drives every GPU and splits each batch with ``torch.chunk``:
 ``ceil(batch / GPUs)`` per GPU, the last GPU the remainder (30 over 4 is 8, 8, 8, 6; 3 over 4
@@ -27,9 +30,10 @@ leaves a GPU with nothing). The GPUs run their chunks in parallel, so the step's
 by the largest chunk and the short GPUs idle for the difference. Blamed: the DataParallel rank;
 evidence names every GPU's chunk and the short GPUs. Fix: the nearest batch sizes that divide by
 the GPU count (28 or 32), best first, or explicit per-GPU chunk sizes that keep the batch
-(8, 8, 7, 7). Predicted speed-up, in samples per second: the compute part of the step scales with
-the largest chunk, the rest of the step (data, scatter, gather) stays; a batch of 32 instead of
-30 processes two more samples in the same step (1.07x).
+(8, 8, 7, 7): ``batch_size`` fixes, best first, and ``scatter_chunks``. Predicted speed-up, in
+samples per second (the evidence's ``speedup_model``, :data:`SAMPLES_PER_SECOND`): the compute
+part of the step scales with the largest chunk, the rest of the step (data, scatter, gather)
+stays; a batch of 32 instead of 30 processes two more samples in the same step (1.07x).
 """
 
 from __future__ import annotations
@@ -38,13 +42,56 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from auditor.wording import ranks_text
-
-from ..advisor import predicted_speedup
+from ..advisor import Barrier
 from ..findings import Finding, severity_for
+from ..fixes import Fix
 from ..measures import dp_gpu_order, torch_chunks
+from ..rule import Explained, Rule
 from ..snapshot import Snapshot
-from ..stats import RankStats
+
+KIND = "batch_split"
+# Evidence codes (the report words them): DDP or FSDP averages gradients with equal weight per
+# rank; every rank draws the same samples per epoch (a DistributedSampler), or is assumed to;
+# the DataParallel speed-up is in samples per second.
+EQUAL_PER_RANK = "equal_per_rank"
+DISTRIBUTED_SAMPLER = "distributed_sampler"
+SAME_SAMPLES_ASSUMED = "same_samples_assumed"
+SAMPLES_PER_SECOND = "samples_per_second"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Args:
+    min_steps: steps a rank needs in the window before it is judged.
+    min_ratio: largest / smallest per-rank batch that counts as uneven.
+    """
+
+    min_steps: int = 8
+    min_ratio: float = 1.15
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Where the split is uneven (``min_ratio``, the test ``decide`` applies) or the job is
+    DataParallel, per rank ready to judge (at its pace): its batch per step (None: unknown),
+    compute, local time, step, collective wait (None: unmeasured), micro-batches per step and
+    micro-batch, and its parallel mode; whether any rank's loader uses a
+    ``DistributedSampler``; the job's parallel mode and barrier model. For a DataParallel job,
+    each DataParallel rank's GPUs in ``device_ids`` order as findings name them (in the
+    snapshot's order of ranks)."""
+
+    batch: Mapping[int, float | None]
+    compute_s: Mapping[int, float]
+    local_s: Mapping[int, float]
+    step_s: Mapping[int, float]
+    wait_s: Mapping[int, float | None]
+    accumulated: Mapping[int, int]
+    micro_batch: Mapping[int, float | None]
+    mode: Mapping[int, str]
+    distributed_sampler: bool
+    parallel_mode: str
+    barrier: Barrier
+    dp_gpus: Mapping[int, tuple[dict[str, Any], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,6 +114,9 @@ class Facts:
     accumulated: Mapping[int, int] = field(default_factory=dict)
     micro: Mapping[int, float] = field(default_factory=dict)
     micro_equal: Mapping[int, int] = field(default_factory=dict)
+    # Whether a rank's loader uses a DistributedSampler (every rank draws the same samples per
+    # epoch); otherwise that is assumed.
+    distributed_sampler: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,47 +144,67 @@ class DataParallelFacts:
     accumulated: int = 1
 
 
-def detect(
-    snapshot: Snapshot,
-    *,
-    min_steps: int = 8,
-    min_ratio: float = 1.15,
-) -> list[Finding]:
-    """Find an uneven per-rank batch split.
+def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
+    stats = snapshot.ready(t.min_steps)
+    if not stats:
+        return None
+    mode = snapshot.parallel_mode
+    batch = {r: s.batch_size for r, s in stats.items()}
+    if mode != "dataparallel":
+        # Only an uneven split is judged (the test ``decide`` applies): an even one is not
+        # measured further.
+        sized = [b for b in batch.values() if b]
+        if len(sized) < 2 or min(sized) <= 0 or max(sized) / min(sized) < t.min_ratio:
+            return None
+    view_of = snapshot.view_of
+    return Inputs(
+        batch=batch,
+        compute_s={r: s.compute_s for r, s in stats.items()},
+        local_s={r: s.local_s for r, s in stats.items()},
+        step_s={r: s.step_s for r, s in stats.items()},
+        wait_s={r: s.collective_wait_s for r, s in stats.items()},
+        accumulated={r: s.accumulated for r, s in stats.items()},
+        micro_batch={r: s.micro_batch_size for r, s in stats.items()},
+        mode={r: view_of[r].info.parallel_mode for r in stats if r in view_of},
+        distributed_sampler="DistributedSampler"
+        in {v.info.loader.sampler for v in snapshot.ranks if v.info.loader is not None},
+        parallel_mode=mode,
+        barrier=Barrier.of(stats),
+        dp_gpus=_dp_gpus(snapshot, stats) if mode == "dataparallel" else {},
+    )
 
-    Args:
-        min_steps: steps a rank needs in the window before it is judged.
-        min_ratio: largest / smallest per-rank batch that counts as uneven.
-    """
-    stats = snapshot.ready(min_steps)
-    if snapshot.parallel_mode == "dataparallel":
-        return _dataparallel(snapshot, stats)
-    sized = {r: s for r, s in stats.items() if s.batch_size}
-    if len(sized) < 2:
+
+def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
+    """Find an uneven per-rank batch split (DataParallel: an uneven scatter over the GPUs)."""
+    if i.parallel_mode == "dataparallel":
+        return _dataparallel(i)
+    batches = {r: float(b) for r, b in i.batch.items() if b}
+    if len(batches) < 2:
         return []
-    batches = {r: float(s.batch_size or 0) for r, s in sized.items()}
     lo, hi = min(batches.values()), max(batches.values())
-    if lo <= 0 or hi / lo < min_ratio:
+    if lo <= 0 or hi / lo < t.min_ratio:
         return []
-    per_sample = {r: max(1e-9, s.compute_s / batches[r]) for r, s in sized.items()}
+    per_sample = {r: max(1e-9, i.compute_s[r] / batches[r]) for r in batches}
     total = round(sum(batches.values()))
-    equal = equalising_split(total, {r: 1.0 for r in sized})
+    equal = equalising_split(total, {r: 1.0 for r in batches})
     by_speed = equalising_split(total, per_sample)
-    blamed = sorted(r for r in sized if batches[r] > equal[r])
+    blamed = sorted(r for r in batches if batches[r] > equal[r])
     if not blamed:
         return []
     new_local = {
-        r: max(0.0, s.local_s - s.compute_s + per_sample[r] * equal[r]) for r, s in sized.items()
+        r: max(0.0, i.local_s[r] - i.compute_s[r] + per_sample[r] * equal[r]) for r in batches
     }
-    speedup = predicted_speedup(stats, new_local)
-    averaged = _averages_gradients(snapshot, set(sized))
-    small = sorted(r for r in sized if batches[r] == lo)
-    large = sorted(r for r in sized if batches[r] == hi)
+    speedup = i.barrier.speedup(new_local)
+    modes = {i.mode[r] for r in batches if r in i.mode}
+    # DDP or FSDP average the gradients with equal weight per rank; empty: nothing does.
+    averaged = "DDP" if "ddp" in modes else "FSDP" if "fsdp" in modes else ""
+    small = sorted(r for r in batches if batches[r] == lo)
+    large = sorted(r for r in batches if batches[r] == hi)
     weight = hi / lo
     # The split by speed differs from the equal one: the ranks differ in speed, and keeping an
     # uneven split can be deliberate; it then needs loss weighting to stay correct.
-    speeds_differ = any(abs(by_speed[r] - equal[r]) > max(1, 0.1 * equal[r]) for r in sized)
-    accumulated, micro, micro_equal = _micro_split(sized, equal)
+    speeds_differ = any(abs(by_speed[r] - equal[r]) > max(1, 0.1 * equal[r]) for r in batches)
+    accumulated, micro, micro_equal = _micro_split(i, batches, equal)
     facts = Facts(
         batches={r: batches[r] for r in sorted(batches)},
         equal={r: equal[r] for r in sorted(equal)},
@@ -147,13 +217,14 @@ def detect(
         accumulated=accumulated,
         micro=micro,
         micro_equal=micro_equal,
+        distributed_sampler=i.distributed_sampler,
     )
     evidence: dict[str, object] = {
         "batch_size": {str(r): round(b) for r, b in sorted(batches.items())},
-        "compute_ms": {str(r): round(s.compute_s * 1e3, 1) for r, s in sorted(sized.items())},
+        "compute_ms": {str(r): round(i.compute_s[r] * 1e3, 1) for r in sorted(batches)},
         "collective_wait_ms": {
-            str(r): None if s.collective_wait_s is None else round(s.collective_wait_s * 1e3, 1)
-            for r, s in sorted(sized.items())
+            str(r): None if i.wait_s[r] is None else round((i.wait_s[r] or 0.0) * 1e3, 1)
+            for r in sorted(batches)
         },
         "equal_batch_size": {str(r): b for r, b in sorted(equal.items())},
         "equalising_batch_size": {str(r): b for r, b in sorted(by_speed.items())},
@@ -165,67 +236,63 @@ def detect(
         evidence["equal_micro_batch_size"] = {str(r): b for r, b in sorted(micro_equal.items())}
     severity = severity_for(speedup)
     if averaged:
-        evidence["gradient_weighting"] = (
-            f"{averaged} averages gradients with equal weight per rank, so each sample of "
-            f"{ranks_text(small)} (batch {round(lo)}) counts {weight:.1f}x one of "
-            f"{ranks_text(large)} (batch {round(hi)})"
+        evidence["gradient_weighting"] = EQUAL_PER_RANK
+        evidence["epoch_length"] = (
+            DISTRIBUTED_SAMPLER if i.distributed_sampler else SAME_SAMPLES_ASSUMED
         )
-        evidence["epoch_length"] = _epoch_text(snapshot, small, large, lo, hi)
         evidence["sample_weight_ratio"] = round(weight, 3)
         if severity == "info":
             severity = "warning"  # a correctness concern whatever the speed effect
     return [
         Finding(
-            kind="batch_split",
+            kind=KIND,
             severity=severity,
             ranks=tuple(blamed),
             facts=facts,
             evidence=evidence,
             predicted_speedup=speedup,
+            fixes=_split_fixes(facts, blamed, speedup),
         )
     ]
 
 
+def _split_fixes(facts: Facts, blamed: list[int], speedup: float) -> tuple[Fix, ...]:
+    """The equal split, rank by rank, in the unit the user sets (the micro-batch under gradient
+    accumulation), for every rank whose batch changes; and, where the ranks' speeds differ under
+    gradient averaging, the alternative of keeping a blamed rank's batch with its loss scaled by
+    its share of the global batch (``batch x ranks / global batch``)."""
+    fixes: list[Fix] = []
+    n = len(facts.batches)
+    for r in sorted(facts.batches):
+        if facts.accumulated:
+            batch, equal = round(facts.micro[r]), facts.micro_equal[r]
+        else:
+            batch, equal = round(facts.batches[r]), facts.equal[r]
+        if batch == equal:
+            continue
+        fixes.append(Fix("batch_size", r, batch, equal, speedup, (KIND,)))
+        if r in blamed and facts.averaged_by and facts.speeds_differ:
+            scale = round(facts.batches[r]) * n / facts.global_batch
+            fixes.append(Fix("loss_weight", r, 1.0, round(scale, 4), speedup, (KIND,)))
+    return tuple(fixes)
+
+
 def _micro_split(
-    sized: Mapping[int, RankStats], equal: Mapping[int, int]
+    i: Inputs, batches: Mapping[int, float], equal: Mapping[int, int]
 ) -> tuple[dict[int, int], dict[int, float], dict[int, int]]:
     """Under gradient accumulation, each rank's micro-batches per step, its micro-batch size and
     the equal split in micro-batch samples (the DataLoader's ``batch_size``, what the user
     sets); empty where no rank accumulates. Where every rank accumulates alike, the micro-batches
     are split equally; otherwise each rank's equal share per step over its own count."""
-    accumulated = {r: s.accumulated for r, s in sorted(sized.items())}
+    accumulated = {r: i.accumulated[r] for r in sorted(batches)}
     if all(n == 1 for n in accumulated.values()):
         return {}, {}, {}
-    micro = {r: float(s.micro_batch_size or 0.0) for r, s in sorted(sized.items())}
+    micro = {r: float(i.micro_batch[r] or 0.0) for r in sorted(batches)}
     if len(set(accumulated.values())) == 1:
         split = equalising_split(round(sum(micro.values())), {r: 1.0 for r in micro})
     else:
         split = {r: max(1, round(equal[r] / accumulated[r])) for r in micro}
     return accumulated, micro, {r: split[r] for r in sorted(split)}
-
-
-def _averages_gradients(snapshot: Snapshot, ranks: set[int]) -> str:
-    """``"DDP"`` or ``"FSDP"`` where these ranks average their gradients with equal weight per
-    rank; empty otherwise."""
-    modes = {v.info.parallel_mode for v in snapshot.ranks if v.info.rank in ranks}
-    return "DDP" if "ddp" in modes else "FSDP" if "fsdp" in modes else ""
-
-
-def _epoch_text(
-    snapshot: Snapshot, small: list[int], large: list[int], lo: float, hi: float
-) -> str:
-    """Steps per epoch of the small-batch ranks against the large-batch ones, in words."""
-    samplers = {v.info.loader.sampler for v in snapshot.ranks if v.info.loader is not None}
-    ratio = hi / lo
-    steps = (
-        f"{ranks_text(small)} (batch {round(lo)}) take{'s' if len(small) == 1 else ''} "
-        f"{ratio:.1f}x the steps of "
-        f"{ranks_text(large)} (batch {round(hi)}) to go through it, so the ranks' epochs end "
-        "at different steps"
-    )
-    if "DistributedSampler" in samplers:
-        return f"DistributedSampler gives every rank the same samples per epoch: {steps}"
-    return f"if every rank draws the same samples per epoch (as with DistributedSampler), {steps}"
 
 
 def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]:
@@ -254,11 +321,12 @@ def equalising_split(total: int, per_sample: dict[int, float]) -> dict[int, int]
     return out
 
 
-def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Finding]:
-    """Uneven ``torch.chunk`` scatters of DataParallel ranks (see the module docstring)."""
+def _dp_gpus(snapshot: Snapshot, stats: Mapping[int, Any]) -> dict[int, tuple[dict[str, Any], ...]]:
+    """Each DataParallel rank's GPUs (with a batch to scatter) in ``device_ids`` order, as
+    findings name them: NVML's reference where the GPU was sampled, else the rank's own word."""
     dstats = snapshot.gpu_stats
     gpus_of = snapshot.gpus_of
-    findings: list[Finding] = []
+    out: dict[int, tuple[dict[str, Any], ...]] = {}
     for view in snapshot.ranks:
         info = view.info
         s = stats.get(info.rank)
@@ -266,75 +334,101 @@ def _dataparallel(snapshot: Snapshot, stats: dict[int, RankStats]) -> list[Findi
             continue
         order = dp_gpu_order(info, gpus_of.get(info.rank, ()), dstats)
         n = max(len(order), len(info.devices), len(info.device_uuids))
+        refs: list[dict[str, Any]] = []
+        for k in range(n):
+            uuid = order[k] if k < len(order) else None
+            d = dstats.get(uuid) if uuid else None
+            if d is not None:
+                refs.append(d.ref)
+            else:
+                index = info.devices[k] if k < len(info.devices) else k
+                refs.append({"uuid": uuid, "node": info.host, "index": index, "model": ""})
+        out[info.rank] = tuple(refs)
+    return out
+
+
+def _dataparallel(i: Inputs) -> list[Finding]:
+    """Uneven ``torch.chunk`` scatters of DataParallel ranks (see the module docstring)."""
+    findings: list[Finding] = []
+    for rank, refs in i.dp_gpus.items():
+        n = len(refs)
         if n < 2:
             continue
         # Scattered per forward: the micro-batch (the step's batch without accumulation).
-        batch = round(s.micro_batch_size or 0)
+        batch = round(i.micro_batch[rank] or 0)
         if batch <= 0:
             continue
         chunks = torch_chunks(batch, n)
         if len(set(chunks)) == 1:
             continue
-        refs: list[dict[str, Any]] = []
-        for i in range(n):
-            uuid = order[i] if i < len(order) else None
-            d = dstats.get(uuid) if uuid else None
-            if d is not None:
-                refs.append(d.ref)
-            else:
-                index = info.devices[i] if i < len(info.devices) else i
-                refs.append({"uuid": uuid, "node": info.host, "index": index, "model": ""})
         top = max(chunks)
         lower = batch - batch % n
         options = [b for b in (lower, lower + n) if b >= n]
-        gains = {b: _dp_gain(s, batch, b, n) for b in options}
+        gains = {b: _dp_gain(i.step_s[rank], i.compute_s[rank], batch, b, n) for b in options}
         ranked = sorted(options, key=lambda b: (-gains[b], abs(b - batch), -b))
         speedup = max(gains.values()) if gains else None
-        even = [batch // n + (1 if i < batch % n else 0) for i in range(n)]
-        short = [i for i, c in enumerate(chunks) if c < top]
+        even = [batch // n + (1 if k < batch % n else 0) for k in range(n)]
+        short = [k for k, c in enumerate(chunks) if c < top]
         facts = DataParallelFacts(
-            rank=info.rank,
+            rank=rank,
             batch=batch,
             gpu_count=n,
             chunks=tuple(chunks),
-            short=tuple(ShortGpu(refs[i]["index"], chunks[i]) for i in short),
+            short=tuple(ShortGpu(refs[k]["index"], chunks[k]) for k in short),
             nearest=tuple(ranked),
             even=tuple(even),
-            accumulated=s.accumulated,
+            accumulated=i.accumulated[rank],
+        )
+        fixes = [Fix("batch_size", rank, batch, b, speedup, (KIND,)) for b in ranked]
+        fixes.append(
+            Fix("scatter_chunks", rank, _join(chunks), _join(even), speedup, (KIND,)),
         )
         findings.append(
             Finding(
-                kind="batch_split",
+                kind=KIND,
                 severity=severity_for(speedup),
-                ranks=(info.rank,),
+                ranks=(rank,),
                 facts=facts,
                 evidence={
-                    "gpus": [refs[i] for i in short],
+                    "gpus": [refs[k] for k in short],
                     "per_gpu": {
-                        str(r["uuid"] or f"{r['node']}:{r['index']}"): {**r, "chunk": chunks[i]}
-                        for i, r in enumerate(refs)
+                        str(r["uuid"] or f"{r['node']}:{r['index']}"): {**r, "chunk": chunks[k]}
+                        for k, r in enumerate(refs)
                     },
                     "batch_size": batch,
                     "gpu_count": n,
                     "chunk_sizes": chunks,
                     "nearest_batches": ranked,
                     "even_chunk_sizes": even,
-                    "speedup_model": (
-                        "samples per second: compute paced by the largest chunk, the rest of "
-                        "the step unchanged"
-                    ),
+                    "speedup_model": SAMPLES_PER_SECOND,
                 },
                 predicted_speedup=speedup,
+                fixes=tuple(fixes),
+                gpus=tuple(str(refs[k]["uuid"]) for k in short if refs[k]["uuid"]),
             )
         )
     return findings
 
 
-def _dp_gain(s: RankStats, batch: int, new_batch: int, n: int) -> float:
+def _join(values: list[int]) -> str:
+    """Chunk sizes as a fix's value: ``8,8,7,7``."""
+    return ",".join(str(v) for v in values)
+
+
+def _dp_gain(step_s: float, compute_s: float, batch: int, new_batch: int, n: int) -> float:
     """Samples-per-second gain of ``new_batch`` over ``batch`` on ``n`` GPUs (largest chunk)."""
     before = max(torch_chunks(batch, n))
     after = max(torch_chunks(new_batch, n))
-    if before <= 0 or s.step_s <= 0:
+    if before <= 0 or step_s <= 0:
         return 1.0
-    step = max(1e-9, s.step_s - s.compute_s + s.compute_s * after / before)
-    return max(1.0, (new_batch / step) / (batch / s.step_s))
+    step = max(1e-9, step_s - compute_s + compute_s * after / before)
+    return max(1.0, (new_batch / step) / (batch / step_s))
+
+
+RULE = Rule(
+    kind=KIND,
+    place=30,
+    thresholds=Thresholds,
+    measure=measure,
+    decide=decide,
+)

@@ -20,16 +20,54 @@ a rank whose host is oversubscribed by its own DataLoader workers is left to
 from __future__ import annotations
 
 import statistics
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..advisor import predicted_speedup
+from ..advisor import Barrier
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, own_work, peer_median, with_peers_work
+from ..fixes import Fix
+from ..measures import PeerMedians, own_work, peer_median
+from ..rule import Explained, Rule
 from ..snapshot import Snapshot
-from ..stats import RankStats, collective_ops_ms, collective_ops_order
+from ..stats import collective_ops_ms, ops_order
 
-_PHASES = ("h2d", "forward", "backward", "optimizer")
+KIND = "compute_straggler"
+PHASES = ("h2d", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Args:
+    min_steps: steps a rank needs in the window before it is judged.
+    min_excess: compute per sample relative to the peers' median that counts as slow.
+    min_gap_ratio: the rank's extra local time, and its extra own work (the local time less
+        its data wait), must each be at least this share of the step.
+    """
+
+    min_steps: int = 8
+    min_excess: float = 1.25
+    min_gap_ratio: float = 0.10
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per rank (the ranks ready to judge, at their pace): compute per sample, local time, own
+    work (local less data wait: the data wait is data_starvation's), collective wait (None:
+    unmeasured), its exclusive phases (:data:`PHASES` order), batch and micro-batch, and the
+    collectives it waited in; the job's median step and its barrier model."""
+
+    per_sample_s: Mapping[int, float]
+    local_s: Mapping[int, float]
+    work_s: Mapping[int, float]
+    wait_s: Mapping[int, float | None]
+    phases_s: Mapping[int, tuple[float, ...]]
+    batch: Mapping[int, float | None]
+    micro_batch: Mapping[int, float | None]
+    accumulated: Mapping[int, int]
+    ops: Mapping[int, Mapping[str, float] | None]
+    ops_ms: Mapping[str, Mapping[str, float]]
+    step_s: float
+    barrier: Barrier
 
 
 @dataclass(frozen=True)
@@ -56,44 +94,39 @@ class Facts:
     waiting_in: tuple[str, ...] = ()
 
 
-def detect(
-    snapshot: Snapshot,
-    *,
-    explained: Collection[int] = (),
-    min_steps: int = 8,
-    min_excess: float = 1.25,
-    min_gap_ratio: float = 0.10,
-) -> list[Finding]:
-    """Find ranks that compute slower than their peers and make them wait.
-
-    Args:
-        explained: ranks whose slowness another finding explains (their own DataLoader
-            workers oversubscribing the host, a throttled or slower GPU): not judged here. The
-            engine passes them (:mod:`auditor.analysis.causes`).
-        min_steps: steps a rank needs in the window before it is judged.
-        min_excess: compute per sample relative to the peers' median that counts as slow.
-        min_gap_ratio: the rank's extra local time, and its extra own work (the local time
-            less its data wait), must each be at least this share of the step.
-    """
-    stats = snapshot.ready(min_steps)
+def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
+    stats = snapshot.ready(t.min_steps)
     if len(stats) < 2:
-        return []
-    per_sample = {r: _per_sample(s) for r, s in stats.items()}
-    local = {r: s.local_s for r, s in stats.items()}
-    # Its own work: the local time less the data wait, which is data_starvation's. A starved
-    # rank whose compute is a little slower (its own loader's CPU on a busy host) was blamed
-    # here for its whole data wait, at the speed-up of removing it.
-    work = {r: own_work(s) for r, s in stats.items()}
-    waits = {r: s.collective_wait_s for r, s in stats.items()}
-    step = statistics.median(s.step_s for s in stats.values())
+        return None
+    return Inputs(
+        per_sample_s={
+            r: s.compute_s / s.batch_size if s.batch_size else s.compute_s for r, s in stats.items()
+        },
+        local_s={r: s.local_s for r, s in stats.items()},
+        work_s={r: own_work(s) for r, s in stats.items()},
+        wait_s={r: s.collective_wait_s for r, s in stats.items()},
+        phases_s={r: (s.h2d_s, s.forward_s, s.backward_s, s.optimizer_s) for r, s in stats.items()},
+        batch={r: s.batch_size for r, s in stats.items()},
+        micro_batch={r: s.micro_batch_size for r, s in stats.items()},
+        accumulated={r: s.accumulated for r, s in stats.items()},
+        ops={r: s.collective_ops for r, s in stats.items()},
+        ops_ms=collective_ops_ms(stats),
+        step_s=statistics.median(s.step_s for s in stats.values()),
+        barrier=Barrier.of(stats),
+    )
 
-    contended = set(explained)
+
+def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
+    """Blame ranks that compute slower per sample than their peers and make them wait. Ranks
+    whose slowness another finding explains (their own DataLoader workers oversubscribing the
+    host, a throttled or slower GPU) are not judged here."""
+    contended = explained.ranks
     blamed: dict[int, dict[str, float]] = {}
-    cps_of_peers = PeerMedians(per_sample)
-    local_of_peers = PeerMedians(local)
-    work_of_peers = PeerMedians(work)
-    waits_of_peers = PeerMedians(waits)
-    for r in stats:
+    cps_of_peers = PeerMedians(i.per_sample_s)
+    local_of_peers = PeerMedians(i.local_s)
+    work_of_peers = PeerMedians(i.work_s)
+    waits_of_peers = PeerMedians(i.wait_s)
+    for r in i.per_sample_s:
         if r in contended:
             continue
         peer_cps = cps_of_peers.get(r)
@@ -101,11 +134,11 @@ def detect(
         peer_work = work_of_peers.get(r)
         if not peer_cps or peer_local is None or peer_work is None:
             continue
-        excess = per_sample[r] / peer_cps
-        gap = local[r] - peer_local
-        if excess < min_excess or min(gap, work[r] - peer_work) < min_gap_ratio * step:
+        excess = i.per_sample_s[r] / peer_cps
+        gap = i.local_s[r] - peer_local
+        if excess < t.min_excess or min(gap, i.work_s[r] - peer_work) < t.min_gap_ratio * i.step_s:
             continue
-        w = waits[r]
+        w = i.wait_s[r]
         peer_wait = waits_of_peers.get(r)
         if w is None and peer_wait is not None:
             continue  # its own wait is unknown (so counted as work) while others' are known
@@ -116,20 +149,24 @@ def detect(
         return []
 
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
-    speedup = predicted_speedup(stats, with_peers_work(stats, blamed))
+    speedup = i.barrier.speedup(_with_peers_work(i, blamed))
     slow: dict[int, SlowRank] = {}
     per_rank: dict[str, object] = {}
+    fixes: list[Fix] = []
+    peers = [q for q in i.per_sample_s if q not in blamed]
     for r in sorted(blamed):
-        s = stats[r]
-        phase, mine, theirs = _worst_phase(s, [stats[q] for q in stats if q not in blamed])
+        phase, mine, theirs = _worst_phase(i, r, peers)
         batch = share = None
         # In the unit the user sets: the micro-batch (the step's batch without accumulation).
-        micro = s.micro_batch_size
+        micro = i.micro_batch[r]
         if micro:
-            fits = max(1, round(micro * (peer_median(per_sample, r) or 0) / per_sample[r]))
+            fits = max(1, round(micro * (peer_median(i.per_sample_s, r) or 0) / i.per_sample_s[r]))
             if fits < micro:
                 batch, share = round(micro), fits
-        slow[r] = SlowRank(phase, mine, theirs, batch, share, s.accumulated)
+        slow[r] = SlowRank(phase, mine, theirs, batch, share, i.accumulated[r])
+        fixes.append(Fix("rank_work", r, current=phase, speedup=speedup, answers=(KIND,)))
+        if share is not None:
+            fixes.append(Fix("batch_size", r, batch, share, speedup, (KIND,)))
         per_rank[str(r)] = {
             "phase": phase,
             "phase_ms": round(mine * 1e3, 1),
@@ -140,48 +177,63 @@ def detect(
     evidence: dict[str, object] = {
         "per_rank": per_rank,
         "collective_wait_ms": {
-            str(r): None if w is None else round(w * 1e3, 1) for r, w in sorted(waits.items())
+            str(r): None if w is None else round(w * 1e3, 1) for r, w in sorted(i.wait_s.items())
         },
-        "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
+        "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(i.local_s.items())},
     }
-    ops = collective_ops_ms(stats)
-    if ops:
-        evidence["collective_ops_ms"] = ops
+    if i.ops_ms:
+        evidence["collective_ops_ms"] = i.ops_ms
     # The collectives the others wait in, by name where the probe reported them.
-    waiting_in = collective_ops_order(s for r, s in stats.items() if r not in blamed)
+    waiting_in = ops_order(i.ops[q] for q in peers)
     return [
         Finding(
-            kind="compute_straggler",
+            kind=KIND,
             severity=severity_for(speedup),
             ranks=tuple(sorted(blamed)),
             facts=Facts(slow, waiting_in),
             evidence=evidence,
             predicted_speedup=speedup,
+            fixes=tuple(fixes),
         )
     ]
 
 
-def _per_sample(s: RankStats) -> float:
-    return s.compute_s / s.batch_size if s.batch_size else s.compute_s
+def _with_peers_work(i: Inputs, ranks: Mapping[int, object]) -> dict[int, float]:
+    """The local times of ``ranks`` if each one's own work were its unnamed peers' median."""
+    peers = {q: v for q, v in i.work_s.items() if q not in ranks}
+    out: dict[int, float] = {}
+    for r in ranks:
+        median = peer_median(peers, r)
+        if median is not None:
+            out[r] = i.local_s[r] - max(0.0, i.work_s[r] - median)
+    return out
 
 
-def _phase_s(s: RankStats, phase: str) -> float:
-    # Phases are exclusive: backward_s holds no collective wait.
-    return float(getattr(s, f"{phase}_s"))
-
-
-def _worst_phase(s: RankStats, peers: list[RankStats]) -> tuple[str, float, float]:
-    """The phase with the largest excess over the peers' median (scaled where batches differ)."""
-    best = ("forward", _phase_s(s, "forward"), 0.0)
+def _worst_phase(i: Inputs, r: int, peers: list[int]) -> tuple[str, float, float]:
+    """The phase with the largest excess over the peers' median (scaled where batches differ).
+    Phases are exclusive: backward holds no collective wait."""
+    best = (PHASES[1], i.phases_s[r][1], 0.0)
     best_gap = float("-inf")
-    for phase in _PHASES:
-        mine = _phase_s(s, phase)
+    batch = i.batch[r]
+    for k, phase in enumerate(PHASES):
+        mine = i.phases_s[r][k]
         theirs_each = []
         for p in peers:
-            scale = s.batch_size / p.batch_size if s.batch_size and p.batch_size else 1.0
-            theirs_each.append(_phase_s(p, phase) * scale)
+            other = i.batch[p]
+            scale = batch / other if batch and other else 1.0
+            theirs_each.append(i.phases_s[p][k] * scale)
         theirs = statistics.median(theirs_each) if theirs_each else 0.0
         if mine - theirs > best_gap:
             best_gap = mine - theirs
             best = (phase, mine, theirs)
     return best
+
+
+RULE = Rule(
+    kind=KIND,
+    place=50,
+    thresholds=Thresholds,
+    measure=measure,
+    decide=decide,
+    explained_by=("cpu_oversubscription", "hardware_straggler"),
+)

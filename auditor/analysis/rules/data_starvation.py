@@ -1,7 +1,7 @@
 """data_starvation: a rank that spends a large share of its step waiting for its next batch.
 
 Metric: per rank, the time blocked in the DataLoader's ``__next__`` per step as a share of the
-step, both at the rank's pace (:meth:`RankStats.paced`): with ``w >= 2`` workers, the mean over
+step, both at the rank's pace (:meth:`Snapshot.ready`): with ``w >= 2`` workers, the mean over
 each round of ``w`` steps (workers that cannot keep up deliver in rounds: one long wait, then
 ``w - 1`` short steps, and a median lands on one kind or the other), the duration-weighted
 median over those rounds (an evaluation or a checkpoint save still cannot decide alone); the
@@ -12,7 +12,8 @@ Decision: starved when the share is at least ``min_wait_ratio`` and the wait is 
 
 Severity: from the predicted speed-up, and never below ``warning`` for a rank that waits for data
 ``warn_wait_ratio`` of its step or more. A number that could not be measured (a peer's collective
-wait, the loading's CPU) never silences such a rank; the evidence names what was missing.
+wait, the loading's CPU) never silences such a rank; the evidence names what was missing
+(``not_measured``: :data:`COLLECTIVE_WAIT`, :data:`LOADING_CPU`, :data:`HOST_MEMORY`).
 
 The fix starts from what the loading costs (:mod:`auditor.analysis.loading`): I/O-bound
 loading (little CPU while it loads) or CPU-bound loading.
@@ -33,12 +34,18 @@ loading (little CPU while it loads) or CPU-bound loading.
   may use (idle cores shared among the host's starved ranks, plus what its loading uses now)
   divided by the CPU one loader was measured to use (1 core where unmeasured).
 
+The fixes (:class:`~auditor.analysis.fixes.Fix`, per starved rank): ``num_workers`` from the
+current count to the plan, ``pin_memory`` (a CUDA rank whose loader does not pin) and
+``persistent_workers`` (workers that are not kept across epochs) turned on.
+
 When no worker fits (CPU-bound loading on a saturated host, or a host flagged by
-``cpu_oversubscription``), the fix is cheaper loading. Its gain depends on how much cheaper,
-which nothing measured says: the speed-up is the one of loading ``cheaper_factor`` times
-cheaper, named as that assumption. Where the peers' collective wait was not measured, the
-barrier model cannot tell their own work from their waiting, so no speed-up is predicted; the
-evidence gives the upper bound of removing the wait.
+``cpu_oversubscription``), the fix is cheaper loading (``loading_cost``). Its gain depends on
+how much cheaper, which nothing measured says: the speed-up is the one of loading
+``cheaper_factor`` times cheaper, named as that assumption (``speedup_basis``:
+:data:`CHEAPER_LOADING`, else :data:`WORKERS_KEEP_UP`). Where the peers' collective wait was not
+measured, the barrier model cannot tell their own work from their waiting, so no speed-up is
+predicted (``speedup_model``: :data:`NOT_PREDICTED`); the facts give the upper bound of removing
+the wait.
 
 Assumptions: workers run independently (no shared lock in the dataset), and loading time per
 batch does not depend on the number of workers (true for decoding and for a storage backend
@@ -49,13 +56,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from auditor.wording import ranks_text
-
-from ..advisor import predicted_speedup
+from ..advisor import Barrier
 from ..findings import Finding, severity_for
+from ..fixes import Fix
 from ..loading import (
     IO,
     UNKNOWN,
@@ -65,17 +71,92 @@ from ..loading import (
     loading_cost,
 )
 from ..measures import own_work
+from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
+KIND = "data_starvation"
 # What capped a worker plan: the free cores, the cores where the host was never sampled (one
 # assumed), the host's available memory, or ``max_workers``.
 CORES = "cores"
 CORES_ASSUMED = "cores_assumed"
 MEMORY = "memory"
 MAX_WORKERS = "max_workers"
-# The evidence's name of each limit (the JSON record's ``limited_by``).
-_LIMIT_EVIDENCE = {CORES_ASSUMED: "cores (host not sampled: 1 assumed)"}
+# Evidence codes (the report words them). ``speedup_basis``: the workers keep up, or loading
+# ``cheaper_factor`` times cheaper (an assumption). ``per_worker_basis``: one worker's memory is
+# the workers' RSS, or the main process's (at most what a forked worker holds).
+# ``speedup_model``: not predicted. ``not_measured``: the peers' collective wait, the loading's
+# CPU, the host's available memory.
+WORKERS_KEEP_UP = "workers_keep_up"
+CHEAPER_LOADING = "cheaper_loading"
+WORKERS_RSS = "workers_rss"
+MAIN_RSS = "main_rss"
+NOT_PREDICTED = "not_predicted"
+COLLECTIVE_WAIT = "collective_wait"
+LOADING_CPU = "loading_cpu"
+HOST_MEMORY = "host_memory"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Args:
+    min_steps: steps a rank needs in the window before it is judged.
+    min_wait_ratio: data wait as a share of the step that counts as starved (0.15 = 15%).
+    min_wait_s: smallest wait per step (at the rank's pace) that counts, in seconds.
+    warn_wait_ratio: data wait share at which the finding is at least a warning, whatever
+        the predicted speed-up (or where none could be predicted).
+    margin: head-room on the worker count so a burst of slow batches does not stall.
+    max_workers: upper bound on a recommended ``num_workers``.
+    io_bound_share: loading that uses less than this share of the CPU a CPU-bound loader
+        gets on its host is I/O-bound (see :mod:`auditor.analysis.loading`).
+    memory_share: share of the host's available memory that new workers may take.
+    cheaper_factor: how much cheaper the "make loading cheaper" fix is assumed to make
+        loading, for its predicted speed-up (2.0 = half the cost).
+    """
+
+    min_steps: int = 8
+    min_wait_ratio: float = 0.15
+    min_wait_s: float = 0.002
+    warn_wait_ratio: float = 0.25
+    margin: float = 1.25
+    max_workers: int = 32
+    io_bound_share: float = 0.25
+    memory_share: float = 0.5
+    cheaper_factor: float = 2.0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per rank ready to judge (at its pace): its data wait and its share of the step, step,
+    local time, own work (local less data wait, never 0), collective wait (None: unmeasured) and
+    its operations (None: none reported).
+
+    Only for the ranks that wait (``min_wait_ratio`` and ``min_wait_s``, the test ``decide``
+    applies), what the worker plan reads: host, loading cost (:mod:`auditor.analysis.loading`),
+    the cores its loading uses now, one worker's memory and its basis (:data:`WORKERS_RSS`,
+    :data:`MAIN_RSS`), its loader's ``num_workers`` and ``persistent_workers`` (None: no loader
+    seen), whether it is a CUDA rank whose loader does not pin memory, and its workers' CPU
+    each; per host of theirs, its ranks, idle cores and available memory (None: unmeasured)."""
+
+    wait_ratio: Mapping[int, float]
+    wait_s: Mapping[int, float]
+    step_s: Mapping[int, float]
+    local_s: Mapping[int, float]
+    work_s: Mapping[int, float]
+    collective_wait_s: Mapping[int, float | None]
+    collective_ops: Mapping[int, Mapping[str, float] | None]
+    host: Mapping[int, str]
+    cost: Mapping[int, LoadingCost]
+    own_cores: Mapping[int, float]
+    worker_bytes: Mapping[int, float]
+    worker_basis: Mapping[int, str]
+    num_workers: Mapping[int, int | None]
+    persistent_workers: Mapping[int, bool | None]
+    unpinned_cuda: Mapping[int, bool]
+    worker_cpu_each: Mapping[int, float | None]
+    host_ranks: Mapping[str, tuple[int, ...]]
+    idle_cores: Mapping[str, float | None]
+    available: Mapping[str, int | None]
 
 
 @dataclass(frozen=True)
@@ -91,12 +172,17 @@ class StarvedRank:
     loading_cores: float | None  # cores the loading used while it loaded; None if unmeasured
     set_pin_memory: bool
     set_persistent_workers: bool
+    # Its host, its loading's cost (what the report says of it: the verdict and its figures,
+    # or what was not measured) and whether the host's available memory was measured.
+    host: str = ""
+    cost: LoadingCost | None = None
+    memory_measured: bool = True
 
 
 @dataclass(frozen=True)
 class Wait:
     """The worst-starved rank's data wait per step against its step (at its pace:
-    :meth:`RankStats.paced`)."""
+    :meth:`Snapshot.ready`)."""
 
     rank: int
     data_wait_s: float
@@ -119,117 +205,140 @@ class PeersWait:
 class Facts:
     """The starved ranks' remedies, the worst wait, the peers' wait for them (None where not
     measured or too small to be waiting), and how much cheaper the "make loading cheaper" fix
-    is assumed to make loading."""
+    is assumed to make loading. Where no speed-up is predicted: the peers whose collective wait
+    was not measured (``blind``), and the most removing the data wait could give (``at_most``)."""
 
     ranks: Mapping[int, StarvedRank]
     worst: Wait
     peers: PeersWait | None
     cheaper_factor: float
+    blind: tuple[int, ...] = ()
+    at_most: float | None = None
 
 
-def detect(
-    snapshot: Snapshot,
-    *,
-    oversubscribed: Collection[int] = (),
-    min_steps: int = 8,
-    min_wait_ratio: float = 0.15,
-    min_wait_s: float = 0.002,
-    warn_wait_ratio: float = 0.25,
-    margin: float = 1.25,
-    max_workers: int = 32,
-    io_bound_share: float = 0.25,
-    memory_share: float = 0.5,
-    cheaper_factor: float = 2.0,
-) -> list[Finding]:
-    """Find starved ranks.
-
-    Args:
-        oversubscribed: ranks on a host cpu_oversubscription found saturated: no more
-            CPU-bound workers for them (the engine passes them, :mod:`auditor.analysis.causes`).
-        min_steps: steps a rank needs in the window before it is judged.
-        min_wait_ratio: data wait as a share of the step that counts as starved (0.15 = 15%).
-        min_wait_s: smallest wait per step (at the rank's pace) that counts, in seconds.
-        warn_wait_ratio: data wait share at which the finding is at least a warning, whatever
-            the predicted speed-up (or where none could be predicted).
-        margin: head-room on the worker count so a burst of slow batches does not stall.
-        max_workers: upper bound on a recommended ``num_workers``.
-        io_bound_share: loading that uses less than this share of the CPU a CPU-bound loader
-            gets on its host is I/O-bound (see :mod:`auditor.analysis.loading`).
-        memory_share: share of the host's available memory that new workers may take.
-        cheaper_factor: how much cheaper the "make loading cheaper" fix is assumed to make
-            loading, for its predicted speed-up (2.0 = half the cost).
-    """
+def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
     # At each rank's pace: with workers, the mean step and wait over their rounds of arrivals.
-    ready = snapshot.ready(min_steps)
-    stats = dict(zip(ready, map(RankStats.paced, ready.values()), strict=True))
-    starved = {
+    stats = snapshot.ready(t.min_steps)
+    wait_ratio = {r: s.data_wait_ratio for r, s in stats.items()}
+    waiting = {
         r: s
         for r, s in stats.items()
-        if s.data_wait_ratio >= min_wait_ratio and s.data_wait_s >= min_wait_s
+        if wait_ratio[r] >= t.min_wait_ratio and s.data_wait_s >= t.min_wait_s
     }
+    if not waiting:
+        return None
+    hosts = snapshot.hosts()
+    shares = {s.host: fair_share(snapshot, s.host) for s in waiting.values()}
+    cost = {
+        r: loading_cost(snapshot, s, io_bound_share=t.io_bound_share, share=shares[s.host])
+        for r, s in waiting.items()
+    }
+    memory = {r: _worker_memory(s) for r, s in waiting.items()}
+    return Inputs(
+        wait_ratio=wait_ratio,
+        wait_s={r: s.data_wait_s for r, s in stats.items()},
+        step_s={r: s.step_s for r, s in stats.items()},
+        local_s={r: s.local_s for r, s in stats.items()},
+        work_s={r: _work_s(s) for r, s in stats.items()},
+        collective_wait_s={r: s.collective_wait_s for r, s in stats.items()},
+        collective_ops={r: s.collective_ops for r, s in stats.items()},
+        host={r: s.host for r, s in waiting.items()},
+        cost=cost,
+        own_cores={r: _own_cores(s, cost[r]) for r, s in waiting.items()},
+        worker_bytes={r: m[0] for r, m in memory.items()},
+        worker_basis={r: m[1] for r, m in memory.items()},
+        num_workers={r: s.loader.num_workers if s.loader else None for r, s in waiting.items()},
+        persistent_workers={
+            r: s.loader.persistent_workers if s.loader else None for r, s in waiting.items()
+        },
+        unpinned_cuda={
+            r: s.loader is not None and not s.loader.pin_memory and s.device.startswith("cuda")
+            for r, s in waiting.items()
+        },
+        worker_cpu_each={r: s.worker_cpu_each for r, s in waiting.items()},
+        host_ranks={h: tuple(hosts.get(h, ())) for h in shares},
+        idle_cores={h: _idle_cores(snapshot, h) for h in shares},
+        available={h: host_available_bytes(snapshot, h) for h in shares},
+    )
+
+
+def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
+    """Find starved ranks. Ranks on a host ``cpu_oversubscription`` found saturated (its
+    findings' ranks, handed over by the engine) get no more CPU-bound workers."""
+    oversubscribed = explained.ranks
+    starved = [
+        r
+        for r in i.wait_ratio
+        if i.wait_ratio[r] >= t.min_wait_ratio and i.wait_s[r] >= t.min_wait_s
+    ]
     if not starved:
         return []
+    is_starved = set(starved)
     # Peers whose collective wait was not measured: their waiting for the starved ranks is
     # booked as their own work, so neither their pace nor the speed-up can be trusted.
     blind = (
-        sorted(r for r, s in stats.items() if r not in starved and s.collective_wait_s is None)
-        if len(stats) >= 2
+        sorted(r for r in i.wait_ratio if r not in is_starved and i.collective_wait_s[r] is None)
+        if len(i.wait_ratio) >= 2
         else []
     )
     # The pace the job would keep without data stalls: the slowest rank's own work.
-    seen = _without_blind(stats, blind)  # (the starved are never blind: never empty)
-    job_pace = max(map(_work_s, seen.values()))
-    fed = [s.data_wait_s for r, s in stats.items() if r not in starved]
+    seen = _without_blind(list(i.wait_ratio), blind)  # (the starved are never blind)
+    job_pace = max(i.work_s[r] for r in seen)
+    fed = [i.wait_s[r] for r in i.wait_ratio if r not in is_starved]
     residual = statistics.median(fed) if fed else 0.0
 
     new_local: dict[int, float] = {}
     upper_local: dict[int, float] = {}
     plans: dict[int, _Plan] = {}
-    costs: dict[int, LoadingCost] = {}
+    memory_measured: dict[int, bool] = {}
     per_rank: dict[str, object] = {}
     not_measured: list[str] = []
-    hosts = snapshot.hosts()
-    shares = {s.host: fair_share(snapshot, s.host) for s in starved.values()}
-    available = {host: host_available_bytes(snapshot, host) for host in shares}
-    for r, s in sorted(starved.items()):
-        on_host = sum(1 for q in hosts.get(s.host, []) if q in starved)
-        cost = loading_cost(snapshot, s, io_bound_share=io_bound_share, share=shares[s.host])
-        free = _free_cores(snapshot, s, cost, starved_on_host=on_host)
+    for r in sorted(starved):
+        host = i.host[r]
+        cost = i.cost[r]
+        wait_s, local_s, work_s = i.wait_s[r], i.local_s[r], i.work_s[r]
+        on_host = sum(1 for q in i.host_ranks[host] if q in is_starved)
+        idle = i.idle_cores[host]
+        free = None if idle is None else idle / max(1, on_host) + i.own_cores[r]
         memory = _memory_room(
-            s, available[s.host], starved_on_host=on_host, memory_share=memory_share
+            i.worker_bytes[r],
+            i.worker_basis[r],
+            i.available[host],
+            starved_on_host=on_host,
+            memory_share=t.memory_share,
         )
-        plan = _worker_plan(s, cost, job_pace, free, memory, margin=margin, max_workers=max_workers)
+        plan = _worker_plan(
+            wait_s, work_s, cost, job_pace, free, memory, margin=t.margin, max_workers=t.max_workers
+        )
         if plan.workers is not None and r in oversubscribed and cost.kind != IO:
             plan = _Plan(None, plan.wanted, None, 0.0)  # the host has no CPU to give
         if plan.workers is None:
-            new_wait = _cheaper_wait(s, cost, cheaper_factor)
-            basis = f"loading {cheaper_factor:g}x cheaper (an assumption: the fix sets how much)"
+            new_wait = _cheaper_wait(wait_s, work_s, cost, t.cheaper_factor)
+            basis = CHEAPER_LOADING
         else:
             # Even a fed rank waits a little per batch (hand-off from the workers): the peers'
             # median wait, where there are unstarved peers, is the floor of what a fix reaches.
-            new_wait = max(plan.expected_wait_s, min(residual, s.data_wait_s))
-            basis = "workers keep up"
-        new_local[r] = max(0.0, s.local_s - s.data_wait_s + new_wait)
-        upper_local[r] = max(0.0, s.local_s - s.data_wait_s + min(residual, s.data_wait_s))
-        plans[r], costs[r] = plan, cost
+            new_wait = max(plan.expected_wait_s, min(residual, wait_s))
+            basis = WORKERS_KEEP_UP
+        new_local[r] = max(0.0, local_s - wait_s + new_wait)
+        upper_local[r] = max(0.0, local_s - wait_s + min(residual, wait_s))
+        plans[r] = plan
+        memory_measured[r] = memory is not None
         if cost.kind == UNKNOWN:
-            sized = "workers sized by the free cores" if plan.workers else "no workers added"
-            not_measured.append(f"loading CPU of rank {r} ({cost.missing}): {sized}")
+            not_measured.append(LOADING_CPU)
         if memory is None and plan.workers is not None:
-            not_measured.append(
-                f"available memory on {s.host or 'the host'} of rank {r}: "
-                "workers not bounded by memory"
-            )
+            not_measured.append(HOST_MEMORY)
+        each = i.worker_cpu_each[r]
         per_rank[str(r)] = {
-            "data_wait_ms": round(s.data_wait_s * 1e3, 1),
-            "step_ms": round(s.step_s * 1e3, 1),
-            "data_wait_ratio": round(s.data_wait_ratio, 3),
+            "data_wait_ms": round(wait_s * 1e3, 1),
+            "step_ms": round(i.step_s[r] * 1e3, 1),
+            "data_wait_ratio": round(i.wait_ratio[r], 3),
             "load_per_batch_ms": round(cost.load_s * 1e3, 1),
-            "num_workers": s.loader.num_workers if s.loader else None,
+            "num_workers": i.num_workers[r],
             "recommended_workers": plan.workers,
             "workers_needed": plan.wanted,
-            "limited_by": _limit_evidence(plan),
-            "worker_cpu_each": None if s.worker_cpu_each is None else round(s.worker_cpu_each, 2),
+            "limited_by": plan.limit if plan.capped else None,
+            "worker_cpu_each": None if each is None else round(each, 2),
             "free_cores": None if free is None else round(free, 2),
             "loading": cost.evidence(),
             "memory": None if memory is None else memory.evidence(),
@@ -237,45 +346,59 @@ def detect(
             "speedup_basis": basis,
         }
     evidence: dict[str, object] = {"job_pace_ms": round(job_pace * 1e3, 1), "per_rank": per_rank}
-    peers = _peer_waits(stats, starved)
+    peers = _peer_waits(i, is_starved)
     if peers:
         evidence["peers_collective_wait_ms"] = peers
-    at_most = predicted_speedup(seen, upper_local)
+    at_most = _barrier(i, seen).speedup(upper_local)
     speedup: float | None
     if blind:
         speedup = None
-        not_measured.insert(
-            0,
-            f"collective wait on {ranks_text(blind)}: {'its' if len(blind) == 1 else 'their'} "
-            f"waiting for {ranks_text(starved)} counts as work, so no speed-up is predicted "
-            f"(at most {at_most:.1f}x with the data wait removed)",
-        )
-        evidence["speedup_model"] = f"not predicted; at most {at_most:.2f}x"
+        not_measured.insert(0, COLLECTIVE_WAIT)
+        evidence["speedup_model"] = NOT_PREDICTED
     else:
-        speedup = predicted_speedup(stats, new_local)
+        speedup = _barrier(i, list(i.wait_ratio)).speedup(new_local)
     if not_measured:
         evidence["not_measured"] = not_measured
 
-    worst = max(starved.values(), key=lambda s: s.data_wait_ratio)
+    worst = max(starved, key=lambda r: i.wait_ratio[r])
+    ranks = {r: _starved_rank(i, r, plans[r], memory_measured[r]) for r in sorted(plans)}
     facts = Facts(
-        ranks={r: _starved_rank(starved[r], plans[r], costs[r]) for r in plans},
-        worst=Wait(worst.rank, worst.data_wait_s, worst.step_s, worst.data_wait_ratio),
-        peers=_peers_wait(stats, starved, max(min_wait_s, 0.25 * worst.data_wait_s)),
-        cheaper_factor=cheaper_factor,
+        ranks=ranks,
+        worst=Wait(worst, i.wait_s[worst], i.step_s[worst], i.wait_ratio[worst]),
+        peers=_peers_wait(i, is_starved, max(t.min_wait_s, 0.25 * i.wait_s[worst])),
+        cheaper_factor=t.cheaper_factor,
+        blind=tuple(blind),
+        at_most=at_most if blind else None,
     )
     severity = severity_for(speedup)
-    if severity == "info" and worst.data_wait_ratio >= warn_wait_ratio:
+    if severity == "info" and i.wait_ratio[worst] >= t.warn_wait_ratio:
         severity = "warning"  # a clear wait is worth a look whatever could not be predicted
     return [
         Finding(
-            kind="data_starvation",
+            kind=KIND,
             severity=severity,
             ranks=tuple(sorted(starved)),
             facts=facts,
             evidence=evidence,
             predicted_speedup=speedup,
+            fixes=tuple(fix for r, rank in ranks.items() for fix in _fixes(r, rank, speedup)),
         )
     ]
+
+
+def _fixes(r: int, rank: StarvedRank, speedup: float | None) -> list[Fix]:
+    """A starved rank's changes: its workers (or cheaper loading where none fit) and the loader
+    settings to turn on."""
+    answers = (KIND,)
+    if rank.workers is None:
+        fixes = [Fix("loading_cost", r, speedup=speedup, answers=answers)]
+    else:
+        fixes = [Fix("num_workers", r, rank.num_workers, rank.workers, speedup, answers)]
+    if rank.set_pin_memory:
+        fixes.append(Fix("pin_memory", r, False, True, speedup, answers))
+    if rank.set_persistent_workers:
+        fixes.append(Fix("persistent_workers", r, False, True, speedup, answers))
+    return fixes
 
 
 @dataclass(frozen=True)
@@ -283,7 +406,7 @@ class _Memory:
     """What the host's memory allows: one worker's RSS and the workers that fit."""
 
     per_worker_bytes: float
-    basis: str
+    basis: str  # WORKERS_RSS or MAIN_RSS
     available_bytes: int
     room: int
 
@@ -311,13 +434,6 @@ class _Plan:
         return self.workers is None or self.workers < self.wanted
 
 
-def _limit_evidence(plan: _Plan) -> str | None:
-    """The evidence's name of what capped the plan; None where nothing did."""
-    if not plan.capped or plan.limit is None:
-        return None
-    return _LIMIT_EVIDENCE.get(plan.limit, plan.limit)
-
-
 def _work_s(s: RankStats) -> float:
     """A rank's own work per step apart from waiting for data or for its peers (never 0: the
     worker plan divides by it)."""
@@ -329,33 +445,30 @@ def _idle_cores(snapshot: Snapshot, host: str) -> float | None:
     return None if cpu is None else max(0.0, cpu[0] - cpu[1])
 
 
-def _free_cores(
-    snapshot: Snapshot, s: RankStats, cost: LoadingCost, *, starved_on_host: int
-) -> float | None:
-    """Cores this rank's workers may use in all: idle cores shared among the host's starved
-    ranks, plus what its loading uses now (workers, or the main thread's loading, which moves
-    to the workers). None where the host was never sampled."""
-    idle = _idle_cores(snapshot, s.host)
-    if idle is None:
-        return None
+def _own_cores(s: RankStats, cost: LoadingCost) -> float:
+    """The cores a rank's loading uses now: its workers', or the main thread's loading (which
+    moves to the workers)."""
     if cost.workers == 0:
-        own = 0.0 if s.data_cpu_s is None or s.step_s <= 0 else s.data_cpu_s / s.step_s
-    elif s.worker_cpu is not None:
-        own = s.worker_cpu
-    else:  # unmeasured: assume each current worker keeps a core busy
-        own = float(cost.workers)
-    return idle / max(1, starved_on_host) + own
+        return 0.0 if s.data_cpu_s is None or s.step_s <= 0 else s.data_cpu_s / s.step_s
+    if s.worker_cpu is not None:
+        return s.worker_cpu
+    return float(cost.workers)  # unmeasured: assume each current worker keeps a core busy
+
+
+def _worker_memory(s: RankStats) -> tuple[float, str]:
+    """One worker's memory and its basis: the workers' RSS, else the main process's (at most
+    what a forked worker holds); 0 where neither was measured."""
+    if s.worker_rss_each:
+        return s.worker_rss_each, WORKERS_RSS
+    main = s.main_rss_bytes or s.rss_bytes
+    return (main or 0.0), MAIN_RSS
 
 
 def _memory_room(
-    s: RankStats, available: int | None, *, starved_on_host: int, memory_share: float
+    each: float, basis: str, available: int | None, *, starved_on_host: int, memory_share: float
 ) -> _Memory | None:
-    """Workers the host's ``available`` memory holds for this rank; None where unmeasured."""
-    if s.worker_rss_each:
-        each, basis = s.worker_rss_each, "the workers' RSS"
-    else:
-        main = s.main_rss_bytes or s.rss_bytes
-        each, basis = (main or 0.0), "the main process's RSS (at most what a forked worker holds)"
+    """Workers the host's ``available`` memory holds for this rank (its share of the
+    ``memory_share`` of it among the host's starved ranks); None where unmeasured."""
     if available is None or each <= 0:
         return None
     room = int(memory_share * available / max(1, starved_on_host) / each)
@@ -363,7 +476,8 @@ def _memory_room(
 
 
 def _worker_plan(
-    s: RankStats,
+    wait_s: float,
+    work_s: float,
     cost: LoadingCost,
     job_pace: float,
     free_cores: float | None,
@@ -373,7 +487,7 @@ def _worker_plan(
     max_workers: int,
 ) -> _Plan:
     current = cost.workers
-    target = max(_work_s(s), job_pace)
+    target = max(work_s, job_pace)
     wanted = max(current + 1, math.ceil(margin * cost.load_s / target - 1e-9))
     caps: list[tuple[int, str]] = [(max_workers, MAX_WORKERS)]
     if cost.kind != IO:  # I/O-bound workers wait on storage: they need memory, not cores
@@ -387,72 +501,89 @@ def _worker_plan(
     workers = min(wanted, cap)
     if workers <= current:
         return _Plan(None, wanted, limit, 0.0)
-    expected = max(0.0, cost.load_s / workers - _work_s(s))
-    return _Plan(workers, wanted, limit, min(expected, s.data_wait_s))
+    expected = max(0.0, cost.load_s / workers - work_s)
+    return _Plan(workers, wanted, limit, min(expected, wait_s))
 
 
-def _cheaper_wait(s: RankStats, cost: LoadingCost, factor: float) -> float:
+def _cheaper_wait(wait_s: float, work_s: float, cost: LoadingCost, factor: float) -> float:
     """The data wait left if loading took ``1 / factor`` of its time with today's loaders."""
     load = cost.load_s / max(1.0, factor)
     if cost.workers == 0:
-        return min(s.data_wait_s, load)  # the main process loads while the rank waits
-    return min(s.data_wait_s, max(0.0, load / cost.workers - _work_s(s)))
+        return min(wait_s, load)  # the main process loads while the rank waits
+    return min(wait_s, max(0.0, load / cost.workers - work_s))
 
 
-def _without_blind(stats: dict[int, RankStats], blind: list[int]) -> dict[int, RankStats]:
+def _without_blind(ranks: list[int], blind: list[int]) -> list[int]:
     if not blind:
-        return stats
-    kept = {r: s for r, s in stats.items() if r not in blind}
-    return kept or stats
+        return ranks
+    kept = [r for r in ranks if r not in blind]
+    return kept or ranks
 
 
-def _peer_waits(stats: dict[int, RankStats], starved: dict[int, RankStats]) -> dict[str, object]:
+def _barrier(i: Inputs, ranks: list[int]) -> Barrier:
+    """The barrier model over ``ranks``: their local times, and the least any of them waited at
+    the collectives (0 where none was measured)."""
+    waits = [w for w in (i.collective_wait_s[r] for r in ranks) if w is not None]
+    return Barrier({r: i.local_s[r] for r in ranks}, min(waits) if waits else 0.0)
+
+
+def _peer_waits(i: Inputs, starved: set[int]) -> dict[str, object]:
     """The unstarved ranks' collective wait per step, with its operations where reported."""
     out: dict[str, object] = {}
-    for r, s in sorted(stats.items()):
+    for r in sorted(i.wait_ratio):
         if r in starved:
             continue
-        row: dict[str, object] = {
-            "total": None if s.collective_wait_s is None else round(s.collective_wait_s * 1e3, 1)
-        }
-        if s.collective_ops:
-            row["ops"] = {op: round(w * 1e3, 1) for op, w in sorted(s.collective_ops.items())}
+        wait = i.collective_wait_s[r]
+        row: dict[str, object] = {"total": None if wait is None else round(wait * 1e3, 1)}
+        ops = i.collective_ops[r]
+        if ops:
+            row["ops"] = {op: round(w * 1e3, 1) for op, w in sorted(ops.items())}
         out[str(r)] = row
     return out
 
 
-def _peers_wait(
-    stats: dict[int, RankStats], starved: dict[int, RankStats], min_s: float
-) -> PeersWait | None:
+def _peers_wait(i: Inputs, starved: set[int], min_s: float) -> PeersWait | None:
     """The unstarved ranks' median collective wait for the starved, where measured and at least
     ``min_s`` (less is the collectives' own cost, not waiting for the starved)."""
-    peers = {r: s for r, s in stats.items() if r not in starved and s.collective_wait_s}
+    peers = [r for r in i.wait_ratio if r not in starved and i.collective_wait_s[r]]
     if not peers:
         return None
-    wait = statistics.median(s.collective_wait_s or 0.0 for s in peers.values())
+    wait = statistics.median(i.collective_wait_s[r] or 0.0 for r in peers)
     if wait < min_s:
         return None
     totals: dict[str, float] = {}
-    for s in peers.values():
-        for op, w in (s.collective_ops or {}).items():
+    for r in peers:
+        for op, w in (i.collective_ops[r] or {}).items():
             totals[op] = totals.get(op, 0.0) + w
     ops = tuple(op for op, w in sorted(totals.items(), key=lambda kv: -kv[1]) if w > 0)
     return PeersWait(tuple(sorted(peers)), wait, ops)
 
 
-def _starved_rank(s: RankStats, plan: _Plan, cost: LoadingCost) -> StarvedRank:
+def _starved_rank(i: Inputs, r: int, plan: _Plan, memory_measured: bool) -> StarvedRank:
     """What the fix of a starved rank changes: its workers and its loader settings."""
-    cfg = s.loader
-    pin = persistent = False
-    if cfg is not None:
-        pin = not cfg.pin_memory and s.device.startswith("cuda")
-        persistent = (plan.workers or cfg.num_workers) > 0 and not cfg.persistent_workers
+    cost = i.cost[r]
+    current = i.num_workers[r]
+    persistent = i.persistent_workers[r]
+    set_persistent = current is not None and (plan.workers or current) > 0 and not persistent
     return StarvedRank(
-        num_workers=None if cfg is None else cfg.num_workers,
+        num_workers=current,
         workers=plan.workers,
         limited_by=plan.limit if plan.capped else None,
         loading=cost.kind,
         loading_cores=cost.cores,
-        set_pin_memory=pin,
-        set_persistent_workers=persistent,
+        set_pin_memory=i.unpinned_cuda[r],
+        set_persistent_workers=set_persistent,
+        host=i.host[r],
+        cost=cost,
+        memory_measured=memory_measured,
     )
+
+
+RULE = Rule(
+    kind=KIND,
+    place=20,
+    thresholds=Thresholds,
+    measure=measure,
+    decide=decide,
+    explained_by=("cpu_oversubscription",),
+)

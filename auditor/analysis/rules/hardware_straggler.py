@@ -29,10 +29,15 @@ without a reason -> reset locked clocks (``nvidia-smi -i <index> -rgc``), link -
 or check the riser and the slot's BIOS link setting. Always offered too: move the rank off that
 GPU, or give it a smaller batch share ``b -> b * (peer compute per sample / its own)``.
 
+Fixes, as data: the cause's change on the GPU (``device``, its cause as ``current``:
+``thermal``, ``power_cap``, ``hw_slowdown``, ``locked_clocks``, ``pcie_link`` or ``slower``; or
+``power_limit`` from the GPU's watts to its peers'), moving the rank off the GPU
+(``gpu_assignment``), and the smaller batch (``batch_size``) where one fits its pace.
+
 Predicted speed-up: the barrier model (:mod:`auditor.analysis.advisor`) with the blamed ranks' own
 work (local time less data wait) at their peers' median, i.e. the GPU brought back to its peers'
-speed while any data wait stays (:func:`~auditor.analysis.measures.with_peers_work`); not predicted
-(None, said in the evidence) where the waits were not measured.
+speed while any data wait stays; not predicted (None; ``Facts.waits_measured`` says why) where the
+waits were not measured.
 """
 
 from __future__ import annotations
@@ -42,15 +47,58 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..advisor import predicted_speedup
+from ..advisor import Barrier
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
-from ..measures import PeerMedians, measured_gpus, peer_median, with_peers_work
+from ..fixes import Fix
+from ..measures import PeerMedians, measured_gpus, own_work, peer_median
+from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 from ..stats import RankStats
 
+KIND = "hardware_straggler"
 _THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 _POWER = ("sw_power_cap", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Args:
+    min_steps: steps a rank needs in the window before it is judged.
+    min_samples: NVML samples a GPU needs in the window before it is judged.
+    min_throttle_share: share of samples with a throttle reason (not gpu_idle) that counts.
+    max_clock_ratio: SM clock ratio relative to the peers' median that counts as low.
+    min_excess: the rank's compute per sample relative to its peers' median.
+    min_gap_ratio: its wait must be this share of the step below its peers' median wait.
+    """
+
+    min_steps: int = 8
+    min_samples: int = 5
+    min_throttle_share: float = 0.5
+    max_clock_ratio: float = 0.85
+    min_excess: float = 1.10
+    min_gap_ratio: float = 0.05
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per judged rank (a one-GPU, non-DataParallel rank ready to judge whose GPU has enough
+    samples): its GPU's NVML figures (the snapshot's reduction, not a copy), its compute, micro-
+    batch and micro-batches per step. Per ready rank: compute per sample (only the phases
+    outside the all-reduce where fewer than two waits were measured), local time, own work
+    (local less data wait) and the measured collective waits. The job's median step and its
+    barrier model."""
+
+    gpu: Mapping[int, DeviceStats]
+    compute_s: Mapping[int, float]
+    micro_batch: Mapping[int, float | None]
+    accumulated: Mapping[int, int]
+    per_sample_s: Mapping[int, float]
+    local_s: Mapping[int, float]
+    work_s: Mapping[int, float]
+    wait_s: Mapping[int, float]
+    step_s: float
+    barrier: Barrier
 
 
 @dataclass(frozen=True)
@@ -80,6 +128,12 @@ class NarrowLink:
 
 # What makes a GPU slower than its peers'.
 Slowdown = Throttled | LowClock | NarrowLink
+# Each slowdown's code in the evidence (``per_rank.<rank>.reasons``).
+SLOWDOWN_CODES: Mapping[type, str] = {
+    Throttled: "throttled",
+    LowClock: "low_clock",
+    NarrowLink: "narrow_link",
+}
 
 
 @dataclass(frozen=True)
@@ -117,35 +171,18 @@ class SlowGpu:
 
 @dataclass(frozen=True)
 class Facts:
-    """The blamed ranks and their GPUs."""
+    """The blamed ranks and their GPUs; whether the collective waits were measured (without
+    them the speed-up is not predicted)."""
 
     ranks: Mapping[int, SlowGpu]
+    waits_measured: bool = True
 
 
-def detect(
-    snapshot: Snapshot,
-    *,
-    min_steps: int = 8,
-    min_samples: int = 5,
-    min_throttle_share: float = 0.5,
-    max_clock_ratio: float = 0.85,
-    min_excess: float = 1.10,
-    min_gap_ratio: float = 0.05,
-) -> list[Finding]:
-    """Find ranks whose GPU is slower than its peers' and holds the job back.
-
-    Args:
-        min_steps: steps a rank needs in the window before it is judged.
-        min_samples: NVML samples a GPU needs in the window before it is judged.
-        min_throttle_share: share of samples with a throttle reason (not gpu_idle) that counts.
-        max_clock_ratio: SM clock ratio relative to the peers' median that counts as low.
-        min_excess: the rank's compute per sample relative to its peers' median.
-        min_gap_ratio: its wait must be this share of the step below its peers' median wait.
-    """
-    stats = snapshot.ready(min_steps)
+def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
+    stats = snapshot.ready(t.min_steps)
     if len(stats) < 2:
-        return []
-    dstats = measured_gpus(snapshot, min_samples)
+        return None
+    dstats = measured_gpus(snapshot, t.min_samples)
     gpus_of = snapshot.gpus_of
     modes = {v.info.rank: v.info.parallel_mode for v in snapshot.ranks}
     gpu: dict[int, DeviceStats] = {}
@@ -155,12 +192,27 @@ def detect(
             continue
         gpu[r] = dstats[mine[0]]
     if len(gpu) < 2:
-        return []
-
+        return None
     waits = {r: s.collective_wait_s for r, s in stats.items() if s.collective_wait_s is not None}
-    per_sample = {r: _per_sample(s, outside_barrier=len(waits) < 2) for r, s in stats.items()}
-    step = statistics.median(s.step_s for s in stats.values())
+    outside = len(waits) < 2
+    return Inputs(
+        gpu=gpu,
+        compute_s={r: stats[r].compute_s for r in gpu},
+        micro_batch={r: stats[r].micro_batch_size for r in gpu},
+        accumulated={r: stats[r].accumulated for r in gpu},
+        per_sample_s={r: _per_sample(s, outside_barrier=outside) for r, s in stats.items()},
+        local_s={r: s.local_s for r, s in stats.items()},
+        work_s={r: own_work(s) for r, s in stats.items()},
+        wait_s=waits,
+        step_s=statistics.median(s.step_s for s in stats.values()),
+        barrier=Barrier.of(stats),
+    )
 
+
+def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
+    """Blame ranks whose GPU is slower than its peers' and that the others wait for."""
+    gpu = i.gpu
+    waits = i.wait_s
     blamed: dict[int, tuple[Slowdown, ...]] = {}
     # Peer figures for every rank at once: a per-rank list of peers is quadratic in ranks.
     share_of_peers = PeerMedians({q: g.throttle_share for q, g in gpu.items()})
@@ -172,51 +224,52 @@ def detect(
             peer_share=share_of_peers.get(r),
             peer_clock=clock_of_peers.get(r),
             peer_link=next((link for link, q in best_links if q != r), (0, 0)),
-            min_share=min_throttle_share,
-            max_clock_ratio=max_clock_ratio,
+            min_share=t.min_throttle_share,
+            max_clock_ratio=t.max_clock_ratio,
         )
         if not slowdowns:
             continue
-        if not _waited_for(r, per_sample, waits, step, min_excess, min_gap_ratio):
+        if not _waited_for(r, i.per_sample_s, waits, i.step_s, t.min_excess, t.min_gap_ratio):
             continue
         blamed[r] = slowdowns
     if not blamed:
         return []
 
-    local = {r: s.local_s for r, s in stats.items()}
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
-    new_local = with_peers_work(stats, blamed)
+    new_local = _with_peers_work(i, blamed)
     # Without measured waits every rank's local time includes the barrier: no model to apply.
     measured = len(waits) >= 2
-    speedup = predicted_speedup(stats, new_local) if new_local and measured else None
+    speedup = i.barrier.speedup(new_local) if new_local and measured else None
     peer_limit = statistics.median(
         [g.power_limit_w for q, g in gpu.items() if q not in blamed and g.power_limit_w] or [0.0]
     )
 
     slow: dict[int, SlowGpu] = {}
     per_rank: dict[str, Any] = {}
+    fixes: list[Fix] = []
     for r in sorted(blamed):
         d = gpu[r]
-        s = stats[r]
-        peer_cps = peer_median({q: v for q, v in per_sample.items() if q not in blamed}, r)
+        peer_cps = peer_median({q: v for q, v in i.per_sample_s.items() if q not in blamed}, r)
         batch = share = None
         # In the unit the user sets: the micro-batch (the step's batch without accumulation).
-        micro = s.micro_batch_size
+        micro = i.micro_batch[r]
         if micro and peer_cps:
-            fits = max(1, int(micro * peer_cps / per_sample[r]))
+            fits = max(1, int(micro * peer_cps / i.per_sample_s[r]))
             if fits < micro:
                 batch, share = round(micro), fits
-        slow[r] = _slow_gpu(d, blamed[r], peer_limit, s.compute_s, batch, share, s.accumulated)
+        slow[r] = _slow_gpu(
+            d, blamed[r], peer_limit, i.compute_s[r], batch, share, i.accumulated[r]
+        )
+        fixes.extend(_fixes(r, slow[r], speedup))
+        wait = waits.get(r)
         per_rank[str(r)] = {
             "gpu": d.ref,
-            "reasons": [slowdown_note(x) for x in blamed[r]],
+            "reasons": [SLOWDOWN_CODES[type(x)] for x in blamed[r]],
             "compute_per_sample_ratio": None
             if not peer_cps
-            else round(per_sample[r] / peer_cps, 2),
-            "compute_ms": round(s.compute_s * 1e3, 1),
-            "collective_wait_ms": None
-            if s.collective_wait_s is None
-            else round(s.collective_wait_s * 1e3, 1),
+            else round(i.per_sample_s[r] / peer_cps, 2),
+            "compute_ms": round(i.compute_s[r] * 1e3, 1),
+            "collective_wait_ms": None if wait is None else round(wait * 1e3, 1),
         }
     evidence = {
         "gpus": [gpu[r].ref for r in sorted(blamed)],
@@ -225,19 +278,18 @@ def detect(
             g.uuid: {**g.ref, "rank": q, **_gpu_numbers(g)} for q, g in sorted(gpu.items())
         },
         "collective_wait_ms": {str(r): round(w * 1e3, 1) for r, w in sorted(waits.items())},
-        "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
-        "speedup_model": "barrier model: the blamed ranks' own work at their peers' median"
-        if measured
-        else "not predicted: the collective wait was not measured, so local times are unknown",
+        "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(i.local_s.items())},
     }
     return [
         Finding(
-            kind="hardware_straggler",
+            kind=KIND,
             severity=severity_for(speedup),
             ranks=tuple(sorted(blamed)),
-            facts=Facts(slow),
+            facts=Facts(slow, measured),
             evidence=evidence,
             predicted_speedup=speedup,
+            fixes=tuple(fixes),
+            gpus=tuple(gpu[r].uuid for r in sorted(blamed)),
         )
     ]
 
@@ -246,6 +298,17 @@ def _per_sample(s: RankStats, *, outside_barrier: bool) -> float:
     """Compute per sample; only the phases outside the all-reduce where waits are unknown."""
     work = s.h2d_s + s.forward_s + s.optimizer_s if outside_barrier else s.compute_s
     return work / s.batch_size if s.batch_size else work
+
+
+def _with_peers_work(i: Inputs, ranks: Mapping[int, object]) -> dict[int, float]:
+    """The local times of ``ranks`` if each one's own work were its unnamed peers' median."""
+    peers = {q: v for q, v in i.work_s.items() if q not in ranks}
+    out: dict[int, float] = {}
+    for r in ranks:
+        median = peer_median(peers, r)
+        if median is not None:
+            out[r] = i.local_s[r] - max(0.0, i.work_s[r] - median)
+    return out
 
 
 def _slowdowns(
@@ -275,20 +338,6 @@ def _slowdowns(
     if d.pcie_degraded and _link(d) < peer_link:
         out.append(NarrowLink(d.pcie_text))
     return tuple(out)
-
-
-def slowdown_note(slowdown: Slowdown) -> str:
-    """A slowdown as the evidence records it (``per_rank.<rank>.reasons``), and as the summary
-    quotes it."""
-    if isinstance(slowdown, Throttled):
-        return f"throttled ({', '.join(slowdown.reasons)}) in {slowdown.share:.0%} of samples"
-    if isinstance(slowdown, LowClock):
-        mhz = "" if slowdown.mhz is None else f" ({slowdown.mhz:.0f} MHz)"
-        return (
-            f"SM clock at {slowdown.ratio:.0%} of its maximum{mhz} against "
-            f"{slowdown.peer_ratio:.0%} on its peers"
-        )
-    return f"PCIe link at {slowdown.pcie} (current/max)"
 
 
 def _link(d: DeviceStats) -> tuple[int, int]:
@@ -352,6 +401,40 @@ def _slow_gpu(
     )
 
 
+def _fixes(r: int, gpu: SlowGpu, speedup: float | None) -> list[Fix]:
+    """Rank ``r``'s fixes: the change its GPU's cause calls for (``device`` with the cause as
+    ``current``, or ``power_limit`` to the peers' watts), moving the rank off the GPU, and the
+    batch that fits its pace."""
+    answers = (KIND,)
+
+    def device(cause: str) -> Fix:
+        return Fix("device", r, cause, None, speedup, answers, gpu.uuid)
+
+    out: list[Fix] = []
+    if gpu.thermal:
+        out.append(device("thermal"))
+    if gpu.power:
+        limit = gpu.power_limit
+        if limit is not None:
+            out.append(
+                Fix("power_limit", r, limit.watts, limit.peer_watts, speedup, answers, gpu.uuid)
+            )
+        else:
+            out.append(device("power_cap"))
+    if gpu.hw_slowdown and not (gpu.thermal or gpu.power):
+        out.append(device("hw_slowdown"))
+    if not out and any(isinstance(x, LowClock) for x in gpu.slowdowns):
+        out.append(device("locked_clocks"))
+    if gpu.pcie_degraded:
+        out.append(device("pcie_link"))
+    if not out:
+        out.append(device("slower"))
+    out.append(Fix("gpu_assignment", r, gpu.uuid, None, speedup, answers, gpu.uuid))
+    if gpu.batch_share is not None:
+        out.append(Fix("batch_size", r, gpu.batch_size, gpu.batch_share, speedup, answers))
+    return out
+
+
 def _gpu_numbers(d: DeviceStats) -> dict[str, Any]:
     return {
         "throttle_share": None if d.throttle_share is None else round(d.throttle_share, 3),
@@ -365,3 +448,12 @@ def _gpu_numbers(d: DeviceStats) -> dict[str, Any]:
         "pcie": d.pcie_text,
         "gpu_util": None if d.gpu_util is None else round(d.gpu_util, 3),
     }
+
+
+RULE = Rule(
+    kind=KIND,
+    place=40,
+    thresholds=Thresholds,
+    measure=measure,
+    decide=decide,
+)

@@ -36,6 +36,14 @@ evidence carries what each lever frees per rank (:meth:`~auditor.analysis.budget
 levers`) and which one is the lever (fixed part or activations). On a CPU job both stay ``info``
 unless the host is short of memory (available below ``host_short`` of its total).
 
+Fixes (:class:`~auditor.analysis.fixes.Fix`), per rank: underused on a GPU, ``batch_size``
+current -> the largest that fits (none on a CPU job: its batch is sized by throughput); tight,
+by the fit, ``gradient_checkpointing``, ``autocast_bf16`` and ``batch_size`` current -> the
+largest that fits, or where the model part is the lever ``optimizer`` and ``sharding``; tight,
+by the budget, its largest levers (:meth:`~auditor.analysis.budget.BudgetModel.fixes`).
+Evidence codes (the report words them): a budget's ``source`` and ``capacity_source``,
+``speedup_model`` ``not_predicted``.
+
 Speed-up: not predicted: whether a larger batch is faster depends on the GPU's saturation.
 """
 
@@ -45,19 +53,64 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from auditor.samples import MemoryBudget
+
 from ..budget import BudgetModel, host_short, model_for
-from ..devices import DeviceStats
 from ..findings import Finding
-from ..measures import latest_micro_batch, rank_memory_fits
+from ..fixes import Fix
+from ..measures import NOT_PREDICTED, MemoryFit, latest_micro_batch, rank_memory_fits
+from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 
-SPEEDUP_NOTE = "not predicted: a larger batch is faster only while the GPU is not saturated"
+KIND = "memory_headroom"
 # Gradient checkpointing commonly allows 4-10x larger batches; the conservative end is used.
 CHECKPOINT_FACTOR = 4.0
 MIXED_PRECISION_FACTOR = 2.0
 
 # roomy: a larger batch fits (info); tight: the current batch does not fit the budget.
 Verdict = Literal["roomy", "tight"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Args:
+    min_steps: steps a rank needs in the window before it is judged.
+    min_samples: NVML samples a GPU needs in the window before it is judged.
+    min_r2: least goodness of the ``a + b * batch`` fit that is trusted.
+    margin: share of the GPU's total kept free as a safety margin (0.10 = 10%).
+    underused: peak memory below this share of the total counts as underused.
+    host_short: on a CPU job, host memory available below this share of its total is
+        short (findings then warn; otherwise they stay ``info``).
+    """
+
+    min_steps: int = 8
+    min_samples: int = 5
+    min_r2: float = 0.8
+    margin: float = 0.10
+    underused: float = 0.60
+    host_short: float = 0.05
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per rank with a measured budget whose activations were sampled: that budget, its
+    latest micro-batch (None where no step had a batch) and micro-batches per step. Per ready
+    rank with a memory fit: the fit, its (heaviest) GPU (None: none measured), its latest
+    micro-batch and micro-batches per step. Per GPU of those: its label, reference, total and
+    peak memory. The job's world size."""
+
+    budget: Mapping[int, MemoryBudget]
+    budget_batch: Mapping[int, int | None]
+    budget_accumulated: Mapping[int, int]
+    fit: Mapping[int, MemoryFit]
+    fit_gpu: Mapping[int, str | None]
+    batch: Mapping[int, int | None]
+    accumulated: Mapping[int, int]
+    label: Mapping[str, str]
+    ref: Mapping[str, Mapping[str, Any]]
+    total: Mapping[str, int | None]
+    peak: Mapping[str, int | None]
+    world_size: int
 
 
 @dataclass(frozen=True)
@@ -111,55 +164,64 @@ class BudgetFacts:
     ranks: Mapping[int, BudgetModel]
 
 
-def detect(
-    snapshot: Snapshot,
-    *,
-    pressured: Collection[int] = (),
-    min_steps: int = 8,
-    min_samples: int = 5,
-    min_r2: float = 0.8,
-    margin: float = 0.10,
-    underused: float = 0.60,
-    host_short: float = 0.05,
-) -> list[Finding]:
-    """Say how large a batch fits, where memory is underused or too tight.
+def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
+    measured = [
+        v
+        for v in snapshot.ranks
+        if v.memory is not None and v.memory.activations_per_sample is not None
+    ]
+    latest = {v.info.rank: latest_micro_batch(v) for v in measured}
+    fits = rank_memory_fits(snapshot, min_steps=t.min_steps, min_samples=t.min_samples)
+    view_of = snapshot.view_of if fits else {}
+    fitted = {r: latest_micro_batch(view_of.get(r)) for r in fits}
+    gpus = {g.uuid: g for _, g in fits.values() if g is not None}
+    if not measured and not fits:
+        return None
+    return Inputs(
+        budget={v.info.rank: v.memory for v in measured if v.memory is not None},
+        budget_batch={r: m for r, (m, _) in latest.items()},
+        budget_accumulated={r: a for r, (_, a) in latest.items()},
+        fit={r: f for r, (f, _) in fits.items()},
+        fit_gpu={r: None if g is None else g.uuid for r, (_, g) in fits.items()},
+        batch={r: m for r, (m, _) in fitted.items()},
+        accumulated={r: a for r, (_, a) in fitted.items()},
+        label={u: g.label for u, g in gpus.items()},
+        ref={u: g.ref for u, g in gpus.items()},
+        total={u: g.mem_total_bytes for u, g in gpus.items()},
+        peak={u: g.mem_used_max_bytes for u, g in gpus.items()},
+        world_size=snapshot.world_size,
+    )
 
-    Args:
-        pressured: ranks memory_pressure blamed, left to it (the engine passes them,
-            :mod:`auditor.analysis.causes`).
-        min_steps: steps a rank needs in the window before it is judged.
-        min_samples: NVML samples a GPU needs in the window before it is judged.
-        min_r2: least goodness of the ``a + b * batch`` fit that is trusted.
-        margin: share of the GPU's total kept free as a safety margin (0.10 = 10%).
-        underused: peak memory below this share of the total counts as underused.
-        host_short: on a CPU job, host memory available below this share of its total is
-            short (findings then warn; otherwise they stay ``info``).
-    """
-    budgeted = budget_models(snapshot, margin=margin)
+
+def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
+    """Say how large a batch fits, where memory is underused or too tight. Ranks an explaining
+    ``memory_pressure`` finding blames are left to it where their batch does not fit."""
+    pressured = explained.ranks
+    margin = t.margin
+    budgeted = budget_models(i, margin=margin)
     findings: list[Finding] = _from_budgets(
-        budgeted, pressured, margin=margin, underused=underused, short_ratio=host_short
+        budgeted, pressured, margin=margin, underused=t.underused, short_ratio=t.host_short
     )
     roomy: dict[int, dict[str, Any]] = {}
     tight: dict[int, dict[str, Any]] = {}
-    gpus: dict[int, DeviceStats] = {}
-    for r, (fit, gpu) in sorted(
-        rank_memory_fits(snapshot, min_steps=min_steps, min_samples=min_samples).items()
-    ):
-        current, accumulated = latest_micro_batch(snapshot.view_of.get(r))
+    gpus: dict[int, str] = {}
+    for r, fit in sorted(i.fit.items()):
+        current, accumulated = i.batch[r], i.accumulated[r]
         if r in budgeted:
             continue  # measured: the budget's verdict stands
-        if gpu is None or not gpu.mem_total_bytes or current is None:
+        uuid = i.fit_gpu[r]
+        if uuid is None or not i.total[uuid] or current is None:
             continue
-        if fit.per_sample_bytes <= 0 or fit.r2 < min_r2:
+        if fit.per_sample_bytes <= 0 or fit.r2 < t.min_r2:
             continue
-        total = gpu.mem_total_bytes
+        total = i.total[uuid] or 0
         budget = (1.0 - margin) * total
-        peak = gpu.mem_used_max_bytes
+        peak = i.peak[uuid]
         if peak is None:
             peak = round(fit.predict(max(fit.batches)))
         row: dict[str, Any] = {
             **fit.evidence(),
-            "gpu": gpu.ref,
+            "gpu": i.ref[uuid],
             "current_batch": current,
             **({"micro_batches": accumulated} if accumulated > 1 else {}),
             "peak_bytes": peak,
@@ -169,29 +231,29 @@ def detect(
         }
         largest = fit.largest_batch(budget)
         row["largest_batch"] = largest
-        if peak < underused * total and largest is not None and largest > current:
+        if peak < t.underused * total and largest is not None and largest > current:
             roomy[r] = row
-            gpus[r] = gpu
+            gpus[r] = uuid
         elif fit.predict(current) > budget and r not in pressured:
             row["largest_batch_checkpointing"] = fit.largest_batch(budget, CHECKPOINT_FACTOR)
             row["largest_batch_mixed_precision"] = fit.largest_batch(budget, MIXED_PRECISION_FACTOR)
             tight[r] = row
-            gpus[r] = gpu
+            gpus[r] = uuid
     if roomy:
-        findings.append(_finding("roomy", roomy, gpus, margin))
+        findings.append(_finding(i, "roomy", roomy, gpus, margin))
     if tight:
-        findings.append(_finding("tight", tight, gpus, margin))
+        findings.append(_finding(i, "tight", tight, gpus, margin))
     return findings
 
 
-def _fit_rank(row: dict[str, Any], gpu: DeviceStats, verdict: Verdict) -> FitRank:
+def _fit_rank(row: dict[str, Any], gpu: str, verdict: Verdict) -> FitRank:
     """A rank's facts from its evidence row, so the words say the figures the record holds."""
     fit = FitTerms(
         row["fixed_bytes"], row["per_sample_bytes"], row["r2"], tuple(row["batch_sizes"])
     )
     model = row["fixed_bytes"] + row["overhead_bytes"]
     return FitRank(
-        gpu=gpu.label,
+        gpu=gpu,
         batch=row["current_batch"],
         largest_batch=row["largest_batch"],
         peak_bytes=row["peak_bytes"],
@@ -207,44 +269,62 @@ def _fit_rank(row: dict[str, Any], gpu: DeviceStats, verdict: Verdict) -> FitRan
     )
 
 
+def _fit_fixes(r: int, rank: FitRank, verdict: Verdict, gpu: str) -> list[Fix]:
+    """What the report says to change on a rank judged by its fit."""
+    answers = (KIND,)
+    if verdict == "roomy":
+        return [Fix("batch_size", r, rank.batch, rank.largest_batch, None, answers, gpu)]
+    if rank.model_is_lever:
+        return [
+            Fix("optimizer", r, None, None, None, answers, gpu),
+            Fix("sharding", r, None, True, None, answers, gpu),
+        ]
+    return [
+        Fix("gradient_checkpointing", r, None, True, None, answers, gpu),
+        Fix("autocast_bf16", r, None, True, None, answers, gpu),
+        Fix("batch_size", r, rank.batch, rank.largest_batch, None, answers, gpu),
+    ]
+
+
 def _finding(
+    i: Inputs,
     verdict: Verdict,
     rows: dict[int, dict[str, Any]],
-    gpus: dict[int, DeviceStats],
+    gpus: dict[int, str],
     margin: float,
 ) -> Finding:
     """Both verdicts carry the same evidence: the fit per rank, its GPU and the margin."""
+    ranks = {r: _fit_rank(row, i.label[gpus[r]], verdict) for r, row in rows.items()}
+    fixes = [fx for r in sorted(rows) for fx in _fit_fixes(r, ranks[r], verdict, gpus[r])]
     return Finding(
-        kind="memory_headroom",
+        kind=KIND,
         severity="info" if verdict == "roomy" else "warning",
         ranks=tuple(sorted(rows)),
-        facts=FitFacts(
-            verdict, margin, {r: _fit_rank(row, gpus[r], verdict) for r, row in rows.items()}
-        ),
+        facts=FitFacts(verdict, margin, ranks),
         evidence={
-            "gpus": [gpus[r].ref for r in sorted(rows)],
+            "gpus": [i.ref[gpus[r]] for r in sorted(rows)],
             "per_rank": {str(r): row for r, row in sorted(rows.items())},
             "margin": margin,
-            "speedup_model": SPEEDUP_NOTE,
+            "speedup_model": NOT_PREDICTED,
         },
         predicted_speedup=None,
+        fixes=tuple(fixes),
+        gpus=tuple(dict.fromkeys(gpus[r] for r in sorted(rows))),
     )
 
 
-def budget_models(snapshot: Snapshot, *, margin: float) -> dict[int, BudgetModel]:
+def budget_models(i: Inputs, *, margin: float) -> dict[int, BudgetModel]:
     """Each rank's measured budget against its capacity, where the probe measured the
     activations (the per-sample part) and the capacity is known."""
     out: dict[int, BudgetModel] = {}
-    world = snapshot.world_size
-    for view in snapshot.ranks:
-        b = view.memory
-        if b is None or b.activations_per_sample is None:
-            continue
-        micro, accumulated = latest_micro_batch(view)
+    for r, b in i.budget.items():
+        micro, accumulated = i.budget_batch[r], i.budget_accumulated[r]
         batch = micro or b.activation_batch
-        model = model_for(b, batch=batch, margin=margin, world_size=world, accumulated=accumulated)
+        model = model_for(
+            b, batch=batch, margin=margin, world_size=i.world_size, accumulated=accumulated
+        )
         if model.capacity_bytes is not None and batch:
-            out[view.info.rank] = model
+            out[r] = model
     return out
 
 
@@ -278,11 +358,23 @@ def _from_budgets(
     return out
 
 
+def _budget_fixes(verdict: Verdict, models: Mapping[int, BudgetModel]) -> list[Fix]:
+    """Roomy on a GPU: the largest batch that fits (on a CPU job nothing: its batch is sized by
+    throughput); tight: the largest levers."""
+    fixes: list[Fix] = []
+    for r, m in sorted(models.items()):
+        if verdict == "tight":
+            fixes.extend(m.fixes(r, (KIND,)))
+        elif m.budget.device_total_bytes:
+            fixes.append(Fix("batch_size", r, m.batch, m.largest_batch(), None, (KIND,)))
+    return fixes
+
+
 def _budget_finding(
     verdict: Verdict, severity: str, models: dict[int, BudgetModel], margin: float
 ) -> Finding:
     return Finding(
-        kind="memory_headroom",
+        kind=KIND,
         severity=severity,
         ranks=tuple(sorted(models)),
         facts=BudgetFacts(verdict, margin, dict(models)),
@@ -290,7 +382,18 @@ def _budget_finding(
             "gpus": [],
             "per_rank": {str(r): m.evidence() for r, m in sorted(models.items())},
             "margin": margin,
-            "speedup_model": SPEEDUP_NOTE,
+            "speedup_model": NOT_PREDICTED,
         },
         predicted_speedup=None,
+        fixes=tuple(_budget_fixes(verdict, models)),
     )
+
+
+RULE = Rule(
+    kind=KIND,
+    place=90,
+    thresholds=Thresholds,
+    measure=measure,
+    decide=decide,
+    explained_by=("memory_pressure",),
+)

@@ -1,12 +1,19 @@
 """batch_split in words: the uneven split, who holds the others back and whose samples count
-more; the equal split as the fix (DataParallel: batches that divide by the GPU count)."""
+more; the equal split as the fix (DataParallel: batches that divide by the GPU count); and the
+evidence's codes in words (the gradient weighting, the epoch lengths, the speed-up model)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.batch_split import DataParallelFacts, Facts
+from auditor.analysis.rules.batch_split import (
+    DISTRIBUTED_SAMPLER,
+    EQUAL_PER_RANK,
+    SAMPLES_PER_SECOND,
+    DataParallelFacts,
+    Facts,
+)
 from auditor.wording import ranks_text, speedup_worth_naming
 
 from .words import Phrase, per_micro, phrase_facts, s_if_one, with_expectation
@@ -28,12 +35,13 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     listing = ", ".join(f"rank {r}: {round(b)}" for r, b in sorted(facts.batches.items()))
     summary = f"uneven per-rank batches ({listing}): " + ", and ".join(parts)
     fixes: dict[int, str] = {}
+    notes = _notes(facts, finding)
     if facts.accumulated:
         for r in sorted(facts.batches):
             fix = _micro_fix(facts, r, r in blamed)
             if fix:
                 fixes[r] = with_expectation(fix, speedup)
-        return Phrase(summary, fixes)
+        return Phrase(summary, fixes, notes)
     for r, b in sorted(facts.batches.items()):
         batch, equal = round(b), facts.equal[r]
         if batch == equal:
@@ -48,7 +56,34 @@ def _(facts: Facts, finding: Finding) -> Phrase:
                 f"batch x {len(facts.batches)} / {facts.global_batch} so every sample counts once"
             )
         fixes[r] = with_expectation(fix, speedup)
-    return Phrase(summary, fixes)
+    return Phrase(summary, fixes, notes)
+
+
+def _notes(facts: Facts, finding: Finding) -> dict[str, object]:
+    """The evidence's gradient weighting and epoch lengths in words, where it names them."""
+    notes: dict[str, object] = {}
+    small, large = facts.small, facts.large
+    lo, hi = round(facts.batches[small[0]]), round(facts.batches[large[0]])
+    if finding.evidence.get("gradient_weighting") == EQUAL_PER_RANK:
+        notes["gradient_weighting"] = (
+            f"{facts.averaged_by} averages gradients with equal weight per rank, so each sample "
+            f"of {ranks_text(small)} (batch {lo}) counts {facts.sample_weight:.1f}x one of "
+            f"{ranks_text(large)} (batch {hi})"
+        )
+    epoch = finding.evidence.get("epoch_length")
+    if epoch is not None:
+        steps = (
+            f"{ranks_text(small)} (batch {lo}) take{s_if_one(small)} "
+            f"{facts.sample_weight:.1f}x the steps of {ranks_text(large)} (batch {hi}) to go "
+            "through it, so the ranks' epochs end at different steps"
+        )
+        notes["epoch_length"] = (
+            f"DistributedSampler gives every rank the same samples per epoch: {steps}"
+            if epoch == DISTRIBUTED_SAMPLER
+            else "if every rank draws the same samples per epoch (as with DistributedSampler), "
+            + steps
+        )
+    return notes
 
 
 def _micro_fix(facts: Facts, r: int, is_blamed: bool) -> str:
@@ -88,7 +123,12 @@ def _dataparallel(facts: DataParallelFacts, finding: Finding) -> Phrase:
         f"{_join(facts.chunks)} ({short}); or keep {batch} with per-GPU chunk sizes "
         f"{_join(facts.even)} (a scatter with explicit chunk sizes)"
     )
-    return Phrase(summary, {facts.rank: with_expectation(fix, finding.predicted_speedup)})
+    notes: dict[str, object] = {}
+    if finding.evidence.get("speedup_model") == SAMPLES_PER_SECOND:
+        notes["speedup_model"] = (
+            "samples per second: compute paced by the largest chunk, the rest of the step unchanged"
+        )
+    return Phrase(summary, {facts.rank: with_expectation(fix, finding.predicted_speedup)}, notes)
 
 
 def _join(values: Iterable[int]) -> str:

@@ -1,13 +1,16 @@
-"""cpu_oversubscription in words: the host's load and workers against its free cores, and the
-worker count each blamed rank should drop to."""
+"""cpu_oversubscription in words: the host's load and workers against its free cores, the worker
+count each blamed rank should drop to, and why no speed-up is predicted."""
 
 from __future__ import annotations
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.cpu_oversubscription import Facts
+from auditor.analysis.rules.cpu_oversubscription import NOT_PREDICTED, Facts
 from auditor.wording import ranks_text
 
 from .words import Phrase, phrase_facts, s_if_one
+
+# The evidence's ``speedup_model`` in words.
+SPEEDUP_MODEL = {NOT_PREDICTED: "not predicted: the same decoding work runs on fewer processes"}
 
 
 @phrase_facts.register
@@ -25,4 +28,6 @@ def _(facts: Facts, finding: Finding) -> Phrase:
         )
         for r, rank in facts.ranks.items()
     }
-    return Phrase(summary, fixes)
+    model = finding.evidence.get("speedup_model")
+    notes = {"speedup_model": SPEEDUP_MODEL[model]} if model in SPEEDUP_MODEL else {}
+    return Phrase(summary, fixes, notes)

@@ -10,7 +10,17 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.dataparallel_gather import Facts, PrimaryMemory
 from auditor.wording import fmt_gib
 
+from .memory_imbalance import SPEEDUP_NOTE as MEMORY_SPEEDUP_NOTE
 from .words import Phrase, phrase_facts
+
+SPEEDUP_NOTE = (
+    "not predicted: one process drives every GPU, so per-GPU step times are not measured; DDP "
+    "also removes the per-step model replication and the GIL contention between replicas"
+)
+SCRIPT_NOTE = (
+    "placeholder: the snapshot does not carry the job's command; set the rule's `script` "
+    "threshold to name it"
+)
 
 
 @phrase_facts.register
@@ -33,7 +43,7 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     )
     if facts.batch:
         n = facts.gpu_count
-        per = max(1, round(facts.batch / n))
+        per = facts.per_process or 1
         if facts.accumulated > 1:
             fix += (
                 f", batch_size {facts.batch} -> {per} per process (per micro-batch; "
@@ -47,7 +57,10 @@ def _(facts: Facts, finding: Finding) -> Phrase:
             f"; or keep DataParallel with a scatter that gives {facts.gpu} a smaller chunk: "
             f"{_chunks_text(facts.balanced)} instead of {_chunks_text(facts.chunks)}"
         )
-    return Phrase(summary, {facts.rank: fix})
+    notes: dict[str, object] = {"speedup_model": SPEEDUP_NOTE}
+    if facts.placeholder:
+        notes["script_note"] = SCRIPT_NOTE
+    return Phrase(summary, {facts.rank: fix}, notes)
 
 
 @phrase_facts.register
@@ -64,7 +77,7 @@ def _memory(memory: PrimaryMemory, finding: Finding) -> Phrase:
         if facts.balanced
         else f"move to DDP so no GPU gathers the others' outputs: `{facts.command}`"
     )
-    return Phrase(summary, {facts.rank: fix})
+    return Phrase(summary, {facts.rank: fix}, {"speedup_model": MEMORY_SPEEDUP_NOTE})
 
 
 def _chunks_text(chunks: Sequence[int] | None) -> str:

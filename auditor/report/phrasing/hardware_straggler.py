@@ -1,10 +1,17 @@
 """hardware_straggler in words: the slow GPU and why, the change its cause calls for, and the
-way around it (move the rank, or give it a smaller batch)."""
+way around it (move the rank, or give it a smaller batch); the evidence's reasons (codes in the
+finding) and its speed-up model as the JSON report has always worded them."""
 
 from __future__ import annotations
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.hardware_straggler import Facts, LowClock, SlowGpu, slowdown_note
+from auditor.analysis.rules.hardware_straggler import (
+    Facts,
+    LowClock,
+    Slowdown,
+    SlowGpu,
+    Throttled,
+)
 from auditor.wording import fmt_ms, ranks_text
 
 from .words import Phrase, it_or_them, per_micro, phrase_facts, with_expectation
@@ -23,7 +30,45 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         r: with_expectation(f"{_fix(gpu)}; {_around(r, gpu)}", finding.predicted_speedup)
         for r, gpu in sorted(facts.ranks.items())
     }
-    return Phrase(summary, fixes)
+    return Phrase(summary, fixes, _notes(facts, finding))
+
+
+def slowdown_note(slowdown: Slowdown) -> str:
+    """A slowdown as the report's evidence words it (``per_rank.<rank>.reasons``), and as the
+    summary quotes it."""
+    if isinstance(slowdown, Throttled):
+        return f"throttled ({', '.join(slowdown.reasons)}) in {slowdown.share:.0%} of samples"
+    if isinstance(slowdown, LowClock):
+        mhz = "" if slowdown.mhz is None else f" ({slowdown.mhz:.0f} MHz)"
+        return (
+            f"SM clock at {slowdown.ratio:.0%} of its maximum{mhz} against "
+            f"{slowdown.peer_ratio:.0%} on its peers"
+        )
+    return f"PCIe link at {slowdown.pcie} (current/max)"
+
+
+def _notes(facts: Facts, finding: Finding) -> dict[str, object]:
+    """The evidence's words: each blamed rank's reasons (the finding holds their codes) and the
+    speed-up model (none for a finding without evidence: one a test built)."""
+    notes: dict[str, object] = {}
+    if not finding.evidence:
+        return notes
+    per_rank = finding.evidence.get("per_rank")
+    if isinstance(per_rank, dict):
+        notes["per_rank"] = {
+            key: (
+                {**row, "reasons": [slowdown_note(x) for x in facts.ranks[int(key)].slowdowns]}
+                if isinstance(row, dict) and int(key) in facts.ranks
+                else row
+            )
+            for key, row in per_rank.items()
+        }
+    notes["speedup_model"] = (
+        "barrier model: the blamed ranks' own work at their peers' median"
+        if facts.waits_measured
+        else "not predicted: the collective wait was not measured, so local times are unknown"
+    )
+    return notes
 
 
 def _fix(gpu: SlowGpu) -> str:

@@ -1,5 +1,6 @@
 """idle_device in words: who holds the idle GPU's memory, and how to free it (for a GPU no rank
-owns, the evidence's ``fix`` is the only place the change is said)."""
+owns, the evidence's ``fix`` is the only place the change is said), and why no speed-up is
+predicted (the evidence's ``speedup_model``, where the JSON report has always carried it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from auditor.wording import fmt_gib, ranks_text
 
 from .words import Phrase, phrase_facts, s_if_one
 
+SPEEDUP_NOTE = "not predicted: nothing in the job waits for an idle GPU"
+
 
 @phrase_facts.register
 def phrase(facts: Facts, finding: Finding) -> Phrase:
@@ -17,9 +20,9 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
     fix = _fix(facts, owned=bool(ranks))
     if not ranks:
         summary = f"{_holders(facts)} {held} on idle {facts.label} (no rank of this job)"
-        return Phrase(summary, notes={"fix": fix})
+        return Phrase(summary, notes={"speedup_model": SPEEDUP_NOTE, "fix": fix})
     summary = f"{ranks_text(ranks)} hold{s_if_one(ranks)} {held} on idle {facts.label}"
-    return Phrase(summary, {r: fix for r in ranks}, {"fix": fix})
+    return Phrase(summary, {r: fix for r in ranks}, {"speedup_model": SPEEDUP_NOTE, "fix": fix})
 
 
 def _holders(facts: Facts) -> str:

@@ -3,7 +3,16 @@ fitted memory or the measured budget."""
 
 from __future__ import annotations
 
-from auditor.analysis.budget import BudgetModel
+from collections.abc import Mapping
+from typing import Any
+
+from auditor.analysis.budget import (
+    DEVICE_LESS_OUTSIDE,
+    DEVICE_TOTAL,
+    HOST_SHARE,
+    UNKNOWN,
+    BudgetModel,
+)
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules.memory_headroom import BudgetFacts, FitFacts, FitRank, FitTerms
 from auditor.wording import fmt_bytes, fmt_gib, ranks_text
@@ -18,6 +27,37 @@ from .words import (
     s_if_one,
 )
 
+SPEEDUP_NOTE = "not predicted: a larger batch is faster only while the GPU is not saturated"
+# A measured budget's evidence codes (:meth:`BudgetModel.evidence`), as the JSON report words
+# them.
+BUDGET_SOURCE_TEXT = {"budget": "measured budget (probe)"}
+CAPACITY_TEXT = {
+    DEVICE_TOTAL: "device total (its CUDA context not measured)",
+    DEVICE_LESS_OUTSIDE: "device total less what the CUDA context and other processes hold",
+    HOST_SHARE: "host memory available per rank",
+    UNKNOWN: "unknown",
+}
+
+
+def budget_words(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A measured budget's evidence (:meth:`BudgetModel.evidence`) with its codes in words."""
+    out = dict(row)
+    source, cap = out.get("source"), out.get("capacity_source")
+    if isinstance(source, str) and source in BUDGET_SOURCE_TEXT:
+        out["source"] = BUDGET_SOURCE_TEXT[source]
+    if isinstance(cap, str) and cap in CAPACITY_TEXT:
+        out["capacity_source"] = CAPACITY_TEXT[cap]
+    return out
+
+
+def _rows_in_words(finding: Finding, budgets: bool) -> dict[str, object]:
+    """The notes: the speed-up model and, for measured budgets, each rank's codes in words."""
+    notes: dict[str, object] = {"speedup_model": SPEEDUP_NOTE}
+    per_rank = finding.evidence.get("per_rank")
+    if budgets and isinstance(per_rank, Mapping):
+        notes["per_rank"] = {r: budget_words(row) for r, row in per_rank.items()}
+    return notes
+
 
 @phrase_facts.register
 def _fitted(facts: FitFacts, finding: Finding) -> Phrase:
@@ -31,13 +71,15 @@ def _fitted(facts: FitFacts, finding: Finding) -> Phrase:
             f"{first.gpu}: a {batch_noun(first.accumulated)} of up to {first.largest_batch} "
             f"fits (now {first.batch}{_accumulated(first.accumulated)})"
         )
-        return Phrase(summary, {r: _roomy_fit_fix(row, margin) for r, row in rows.items()})
+        fixes = {r: _roomy_fit_fix(row, margin) for r, row in rows.items()}
+        return Phrase(summary, fixes, _rows_in_words(finding, False))
     summary = (
         f"{ranks_text(rows)}: {batch_noun(first.accumulated)} {first.batch} does not fit "
         f"{first.gpu} with a {margin:.0%} margin{_accumulated(first.accumulated, ',')} "
         f"({fmt_gib(first.predicted_bytes)} of {fmt_gib(first.total_bytes)})"
     )
-    return Phrase(summary, {r: _tight_fit_fix(row) for r, row in rows.items()})
+    fixes = {r: _tight_fit_fix(row) for r, row in rows.items()}
+    return Phrase(summary, fixes, _rows_in_words(finding, False))
 
 
 def _fit_text(fit: FitTerms) -> str:
@@ -97,13 +139,15 @@ def _budgeted(facts: BudgetFacts, finding: Finding) -> Phrase:
             f"{ranks_text(models)} hold{s_if_one(models)} "
             f"{fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable: {room}"
         )
-        return Phrase(summary, {r: _roomy_budget_fix(m, margin) for r, m in models.items()})
+        fixes = {r: _roomy_budget_fix(m, margin) for r, m in models.items()}
+        return Phrase(summary, fixes, _rows_in_words(finding, True))
     summary = (
         f"{ranks_text(models)}: {batch_noun(first.accumulated)} {first.batch} does not fit "
         f"with a {margin:.0%} margin{_accumulated(first.accumulated, ',')} "
         f"({fmt_bytes(first.current_bytes)} of {fmt_bytes(first.capacity_bytes)} usable)"
     )
-    return Phrase(summary, {r: _tight_budget_fix(m) for r, m in models.items()})
+    fixes = {r: _tight_budget_fix(m) for r, m in models.items()}
+    return Phrase(summary, fixes, _rows_in_words(finding, True))
 
 
 def _where(model: BudgetModel) -> str:

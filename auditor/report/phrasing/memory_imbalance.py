@@ -16,6 +16,15 @@ from auditor.wording import fmt_bytes, fmt_gib
 
 from .words import Phrase, phrase_facts
 
+SPEEDUP_NOTE = (
+    "not predicted: memory does not set the step time; it caps the batch every rank can use"
+)
+# The evidence's ``source`` codes, as the JSON report words them.
+SOURCE_TEXT = {
+    "probe_peak": "probe: torch.cuda.max_memory_allocated per step",
+    "budget": "measured budget (probe)",
+}
+
 PART_NAMES = {
     "param_bytes": "parameters",
     "grad_bytes": "gradients",
@@ -38,7 +47,7 @@ def _dataparallel(facts: HeavyDataParallelGpu, finding: Finding) -> Phrase:
         "other GPUs of this DataParallel process: look for tensors created on "
         f"cuda:{facts.index} outside the model (targets, metrics, a loss computed there)"
     )
-    return Phrase(summary, {facts.rank: fix})
+    return Phrase(summary, {facts.rank: fix}, _notes(finding))
 
 
 @phrase_facts.register
@@ -59,7 +68,7 @@ def _gpu(facts: HeavyGpu, finding: Finding) -> Phrase:
             )
             for q, used in facts.strays.items()
         }
-        return Phrase(summary, fixes)
+        return Phrase(summary, fixes, _notes(finding))
     summary = f"rank {r} holds {facts.ratio:.1f}x its peers' GPU memory on {gpu} ({mine} vs {peer})"
     fix = (
         f"rank {r} holds {fmt_gib(facts.mem_bytes - facts.peer_bytes)} more than its peers on "
@@ -67,7 +76,7 @@ def _gpu(facts: HeavyGpu, finding: Finding) -> Phrase:
         "or checkpoint copy of the model, `if rank == 0:` branches) and move it to the CPU or "
         "share it across ranks; every rank can then use the batch the heaviest one allows"
     )
-    return Phrase(summary, {r: fix})
+    return Phrase(summary, {r: fix}, _notes(finding))
 
 
 @phrase_facts.register
@@ -82,7 +91,7 @@ def _peak(facts: HeavyPeak, finding: Finding) -> Phrase:
         "at its peak: find what only this rank keeps on the GPU (evaluation or metric tensors, "
         "an EMA or checkpoint copy, `if rank == 0:` branches)"
     )
-    return Phrase(summary, {r: fix})
+    return Phrase(summary, {r: fix}, _notes(finding))
 
 
 @phrase_facts.register
@@ -108,4 +117,13 @@ def _budget(facts: HeavyBudget, finding: Finding) -> Phrase:
             "only this rank keeps (a larger batch, extra parameters or optimizer state, "
             "`if rank == 0:` branches)"
         )
-    return Phrase(summary, {r: fix})
+    return Phrase(summary, {r: fix}, _notes(finding))
+
+
+def _notes(finding: Finding) -> dict[str, object]:
+    """The evidence's codes in words, where the JSON report has always carried words."""
+    notes: dict[str, object] = {"speedup_model": SPEEDUP_NOTE}
+    source = finding.evidence.get("source")
+    if source in SOURCE_TEXT:
+        notes["source"] = SOURCE_TEXT[source]
+    return notes

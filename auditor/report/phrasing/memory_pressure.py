@@ -4,11 +4,24 @@ usual remedies."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules.memory_pressure import Filling, HostShort, RankRelief
 from auditor.wording import MIB, fmt_bytes, fmt_gib
 
+from .memory_headroom import budget_words
 from .words import Phrase, levers_text, parts_text, per_micro, phrase_facts
+
+SPEEDUP_NOTE = "not predicted: prevents an out-of-memory crash, does not change the step time"
+# How each rank's suggested batch was sized (the evidence's ``basis`` codes), in words.
+BASIS_TEXT = {
+    "budget": "measured budget: fixed part + batch x activations per sample",
+    "fit": "fitted memory = a + b * batch",
+    "proportional": "memory assumed in proportion to the batch (overstates the saving)",
+    "unknown_batch": "unknown batch",
+}
 
 
 @phrase_facts.register
@@ -27,8 +40,24 @@ def _filling(facts: Filling, finding: Finding) -> Phrase:
     fixes = {
         r: f"{state}: {_rank_fix(rank, facts.target_ratio)}" for r, rank in facts.ranks.items()
     }
+    notes: dict[str, object] = {"speedup_model": SPEEDUP_NOTE}
+    rows = finding.evidence.get("per_rank")
+    if isinstance(rows, Mapping):
+        notes["per_rank"] = {r: _row_words(row) for r, row in rows.items()}
     # A GPU no rank owns: no rank's fix says it, so the evidence does.
-    return Phrase(summary, fixes, {"fix": None if ranks else f"{state}: {_generic_fix()}"})
+    notes["fix"] = None if ranks else f"{state}: {_generic_fix()}"
+    return Phrase(summary, fixes, notes)
+
+
+def _row_words(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A rank's evidence row with its codes in words."""
+    out = dict(row)
+    basis = out.get("basis")
+    if isinstance(basis, str) and basis in BASIS_TEXT:
+        out["basis"] = BASIS_TEXT[basis]
+    if isinstance(out.get("budget"), Mapping):
+        out["budget"] = budget_words(out["budget"])
+    return out
 
 
 def _rank_fix(rank: RankRelief, target_ratio: float) -> str:
@@ -65,7 +94,11 @@ def _host_short(facts: HostShort, finding: Finding) -> Phrase:
         f"{levers_text(m) or _generic_fix()} ({parts_text(m)})"
         for r, m in facts.ranks.items()
     }
-    return Phrase(summary, fixes)
+    notes: dict[str, object] = {"speedup_model": SPEEDUP_NOTE}
+    rows = finding.evidence.get("per_rank")
+    if isinstance(rows, Mapping):
+        notes["per_rank"] = {r: budget_words(row) for r, row in rows.items()}
+    return Phrase(summary, fixes, notes)
 
 
 def _generic_fix() -> str:

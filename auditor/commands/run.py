@@ -1,4 +1,4 @@
-"""One ``auditor run``: the job, the node agent, the live view, the verdict and the report.
+"""``auditor run``: the job, the node agent, the live view, the verdict and the report.
 
 Order matters for cost: the job starts first and Ray starts while the job imports torch, so the
 auditor adds little to the job's wall time; the probe buffers its first samples until the agent
@@ -32,86 +32,16 @@ from auditor.cluster.launcher import (
     exit_code_of,
     reap_descendants,
 )
+from auditor.cluster.probing import ProbeErrors, probe_env
 from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_cluster, start_agent
 from auditor.configs import RunConfig
 from auditor.liveview import LiveView, open_view
 from auditor.metrics.endpoint import RunEndpoint
-from auditor.probe.importhook import ENV_ERRORS as ENV_PROBE_ERRORS
 from auditor.report.exit_status import exit_status
 from auditor.report.json_report import write_report
 from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import RecordingWriter
 from auditor.torchrun import node_rank
-
-BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe", "boot")
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def probe_env(
-    base: Mapping[str, str], *, sink: str, job: str, errors: str | None = None
-) -> dict[str, str]:
-    """The child's environment: the caller's, plus the probe's boot folder first on PYTHONPATH,
-    and the file where a rank whose probe cannot attach says why (:class:`_ProbeErrors`)."""
-    env = dict(base)
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = BOOT_DIR + (os.pathsep + path if path else "")
-    env["AUDITOR_PROBE"] = "1"
-    env["AUDITOR_SINK"] = sink
-    env["AUDITOR_JOB"] = job
-    env["AUDITOR_PROBE_ROOT"] = PACKAGE_ROOT
-    if errors:
-        env[ENV_PROBE_ERRORS] = errors
-    return env
-
-
-class _ProbeErrors:
-    """Why the probe did not attach in some process: the JSON lines such processes append to
-    the run's file (``AUDITOR_PROBE_ERRORS``; a probe that failed may never reach the agent).
-    Read as the run goes, for the live view, and once more at the end, for the report."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._offset = 0
-        self.seen: dict[tuple[str, str], None] = {}  # (who, reason), in the order they came
-
-    def poll(self) -> list[str]:
-        """The new failures since the last poll, one line each."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
-        self._offset += end
-        new = []
-        for raw in data[:end].splitlines():
-            try:
-                entry = json.loads(raw)
-                key = (str(entry["who"]), str(entry["reason"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-            if key not in self.seen:
-                self.seen[key] = None
-                new.append(f"{key[0]}: probe not attached: {key[1]}")
-        return new
-
-    def notes(self) -> list[str]:
-        """One note per reason, naming every process it stopped (ranks first)."""
-        by_reason: dict[str, list[str]] = {}
-        for who, reason in self.seen:
-            by_reason.setdefault(reason, []).append(who)
-        return [
-            f"probe not attached in {', '.join(sorted(whos, key=_ranks_first))}: {reason}"
-            for reason, whos in by_reason.items()
-        ]
-
-
-def _ranks_first(who: str) -> tuple[int, int, str]:
-    head, _, tail = who.partition(" ")
-    if head == "rank" and tail.isdigit():
-        return (0, int(tail), "")
-    return (1, 0, who)
 
 
 class _Signals:
@@ -207,7 +137,7 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
     endpoint = _open_endpoint(cfg, job, node_label)
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
-    probe_errors = _ProbeErrors(os.path.join(rundir, "probe-errors.jsonl"))
+    probe_errors = ProbeErrors(os.path.join(rundir, "probe-errors.jsonl"))
     become_subreaper()
     # On a terminal the live panel stays under the job's output, relayed through a pty.
     view = open_view(
@@ -458,7 +388,7 @@ class _Link:
         self.node: str | None = None
         self.judged = 0.0  # monotonic time of the last verdict
         self._view_failed = False
-        self.probe_errors: _ProbeErrors | None = None
+        self.probe_errors: ProbeErrors | None = None
 
     def say_probe_errors(self) -> None:
         """Each process whose probe did not attach, as soon as it says so (one line each)."""
@@ -558,7 +488,8 @@ def _live_loop(
         if not audit.store.ranks:
             view.update(None, ())  # still waiting for the first rank
             continue
-        snap, findings = audit.judge(time.time())
+        snap, verdict = audit.judge(time.time())
+        findings = verdict.findings
         if link.endpoint is not None:
             link.endpoint.set_findings(findings)
             try:

@@ -1,4 +1,4 @@
-"""The metrics layer's command: ``auditor replay`` (a recording served as a live endpoint).
+"""``auditor replay``: a recording served as a live endpoint (:mod:`auditor.metrics.replay`).
 
 The CLI (:mod:`auditor.cli.replay`) builds the :class:`ReplayConfig` and calls :func:`replay`.
 """
@@ -21,8 +21,8 @@ def replay(cfg: ReplayConfig, *, out: TextIO | None = None) -> int:
     A recording that cannot be read or replayed, or a port that cannot be bound, raises
     :class:`ConfigError` (one line, exit 2).
     """
-    from .exporter import make_registry, serve, stop
-    from .replay import Replay, ReplayError
+    from auditor.metrics.exporter import make_registry, serve, stop
+    from auditor.metrics.replay import Replay, ReplayError
 
     out = out or sys.stderr
     try:

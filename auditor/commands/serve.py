@@ -1,4 +1,4 @@
-"""``auditor serve``: the analysis service's command.
+"""``auditor serve``: the analysis service (:mod:`auditor.service`), run until stopped.
 
 auditor serve [--prometheus-url URL] [--host 127.0.0.1] [--port 9410] [--interval 15]
               [--window 60] [--set R.T=V,...] [--once]
@@ -22,9 +22,8 @@ from typing import TextIO
 
 from auditor.configs import ConfigError, ServeConfig
 from auditor.metrics.query import PrometheusClient
-
-from .http import ServiceServer
-from .service import AuditService
+from auditor.service.http import ServiceServer
+from auditor.service.service import AuditService
 
 
 def make_service(cfg: ServeConfig) -> AuditService:

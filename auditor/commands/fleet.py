@@ -28,7 +28,7 @@ def fleet(cfg: FleetConfig, *, out: TextIO | None = None) -> int:
     out = out or sys.stderr
     import ray
 
-    from .fleet import Fleet
+    from auditor.cluster.fleet import Fleet
 
     logging.basicConfig(level=logging.INFO, format="auditor: %(message)s")
     ray.init(

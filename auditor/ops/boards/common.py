@@ -1,0 +1,275 @@
+"""What the three dashboards share: the label matchers, the query builders, the variables and
+links, the findings table, and the small constructors that turn a (query, legend) list into a
+panel.
+
+Every query names catalog metrics (``C.X.name``) or recorded series (``R.X.record``), never a
+literal metric name, so a renamed metric breaks the build here rather than a panel in production.
+Template variables only ever appear in ``=~`` matchers; their All value is ``.*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from auditor.metrics import catalog as C
+from auditor.ops import recording as R
+from auditor.ops.grafana import (
+    DatasourceVariable,
+    Json,
+    Link,
+    QueryVariable,
+    Stat,
+    Table,
+    Target,
+    Text,
+    TextboxVariable,
+    Threshold,
+    TimeSeries,
+)
+
+TAGS = ("auditor", "gpu")
+SERVE_URL_DEFAULT = "http://127.0.0.1:9410"
+# The uid of the data source dashboards/provisioning creates (auditor/ops/render.py).
+DATASOURCE_UID = "auditor-prometheus"
+FINDINGS_PATH = "/api/v1/findings"
+# Colour bands of the "underused" tables: below half busy is red. The alert rules judge with their
+# own thresholds (auditor/ops/alerts.py); this is only how the table is coloured.
+UNDERUSED_BUSY_RATIO = 0.5
+SPEEDUP_UNIT = "suffix:x"
+
+JOB = 'auditor_job=~"$job"'
+NODE = 'node=~"$node"'
+RANK = 'rank=~"$rank"'
+OWNED = 'auditor_job!=""'  # GPUs held by a rank of a known job
+
+PHASE_TITLES = {
+    "data_wait": "data wait",
+    "h2d": "host-to-device copy",
+    "forward": "forward",
+    "backward": "backward (compute)",
+    "optimizer": "optimizer",
+    "collective_wait": "collective wait",
+}
+
+# A share of the whole, from 0 to 1 (TimeSeries/Stat keyword arguments).
+PERCENT: dict[str, Any] = {"unit": "percentunit", "min": 0, "max": 1}
+
+
+# --- queries --------------------------------------------------------------------------------------
+
+
+def sel(metric: str, *matchers: str) -> str:
+    """``metric{m1, m2}``: a series selector."""
+    return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
+def phase(name: str, *matchers: str) -> str:
+    """Mean seconds per step of one phase, for the ranks ``matchers`` select. The probe's phases
+    are exclusive (backward holds no collective wait), so they stack as they are."""
+    return sel(R.RANK_PHASE_SECONDS_MEAN.record, *matchers, f'phase="{name}"')
+
+
+def phase_breakdown(*matchers: str) -> str:
+    """Every phase's mean seconds per step in one vector: one table row per rank, one column per
+    phase."""
+    return sel(R.RANK_PHASE_SECONDS_MEAN.record, *matchers)
+
+
+def max_by(labels: str, expr: str) -> str:
+    """``max by (labels) (expr)``: one series per value of ``labels`` whichever target sent it."""
+    return f"max by ({labels}) ({expr})"
+
+
+# --- panels ---------------------------------------------------------------------------------------
+
+
+def series(title: str, *queries: tuple[str, str], **options: Any) -> TimeSeries:
+    """A time series of ``(expr, legend)`` queries; ``options`` are the panel's other fields."""
+    return TimeSeries(
+        title=title,
+        targets=tuple(Target(expr=expr, legend_format=legend) for expr, legend in queries),
+        **options,
+    )
+
+
+def stat(title: str, expr: str, **options: Any) -> Stat:
+    """A 4 x 4 stat of one query (``options`` may change the size)."""
+    return Stat(title=title, **{"w": 4, "h": 4, **options}, targets=(Target(expr=expr),))
+
+
+def instant(expr: str) -> Target:
+    """An instant query whose result is a table (one row per series, labels as columns)."""
+    return Target(expr=expr, instant=True, format="table")
+
+
+def organize(
+    exclude: Sequence[str] = (),
+    order: Sequence[str] | None = None,
+    rename: dict[str, str] | None = None,
+) -> Json:
+    """The ``organize`` transformation: hide ``exclude``, put the columns in ``order``, rename."""
+    options: Json = {"excludeByName": {name: True for name in exclude}}
+    if order is not None:
+        options["indexByName"] = {name: i for i, name in enumerate(order)}
+    options["renameByName"] = dict(rename or {})
+    return {"id": "organize", "options": options}
+
+
+MERGE: Json = {"id": "merge", "options": {}}
+
+
+def override(name: str, *properties: tuple[str, object]) -> Json:
+    """Field properties for the column or series named ``name``."""
+    return {
+        "matcher": {"id": "byName", "options": name},
+        "properties": [{"id": pid, "value": value} for pid, value in properties],
+    }
+
+
+def dashed(regex: str) -> Json:
+    """Series whose name matches ``regex`` drawn as an unfilled dashed line (limits, totals)."""
+    return {
+        "matcher": {"id": "byRegexp", "options": regex},
+        "properties": [
+            {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
+            {"id": "custom.fillOpacity", "value": 0},
+            {"id": "custom.stacking", "value": {"group": "A", "mode": "none"}},
+        ],
+    }
+
+
+def _link(title: str, url: str) -> Json:
+    return {"targetBlank": False, "title": title, "url": url}
+
+
+NODE_LINK = _link(
+    "Node view", "/d/auditor-node/auditor-node?${__url_time_range}&var-node=${__value.raw}"
+)
+RANK_LINK = _link(
+    "Job view of this rank",
+    "/d/auditor-job/auditor-job?${__url_time_range}"
+    "&var-job=${__data.fields.auditor_job}&var-rank=${__value.raw}",
+)
+BUSY_THRESHOLDS = (
+    Threshold(None, "red"),
+    Threshold(UNDERUSED_BUSY_RATIO, "yellow"),
+    Threshold(0.8, "green"),
+)
+
+
+def alarm_from(value: float, color: str) -> tuple[Threshold, ...]:
+    """Green below ``value``, ``color`` from it up."""
+    return (Threshold(None, "green"), Threshold(value, color))
+
+
+SEVERITY_MAPPINGS: Json = {
+    "options": {
+        "critical": {"color": "red", "index": 0, "text": "critical"},
+        "warning": {"color": "orange", "index": 1, "text": "warning"},
+        "info": {"color": "blue", "index": 2, "text": "info"},
+    },
+    "type": "value",
+}
+
+
+# --- what every dashboard has ---------------------------------------------------------------------
+
+
+def variables() -> tuple[DatasourceVariable | QueryVariable | TextboxVariable, ...]:
+    """The variables every auditor dashboard has."""
+    return (
+        DatasourceVariable(default_uid=DATASOURCE_UID),
+        QueryVariable(
+            name="job", label="Job", query=f"label_values({C.RANK_INFO.name}, auditor_job)"
+        ),
+        QueryVariable(
+            name="node",
+            label="Node",
+            # Nodes running a rank of the job, or holding a GPU of it (any GPU with All).
+            query=(
+                f'label_values({{__name__=~"{C.RANK_INFO.name}|{C.GPU_UP.name}", {JOB}}}, node)'
+            ),
+        ),
+        QueryVariable(
+            name="rank",
+            label="Rank",
+            query=f"label_values({sel(C.RANK_INFO.name, JOB)}, rank)",
+            sort=3,
+        ),
+        TextboxVariable(name="serve_url", label="auditor serve URL", default=SERVE_URL_DEFAULT),
+    )
+
+
+def links() -> tuple[Link, ...]:
+    return (
+        Link(title="Auditor dashboards", tags=("auditor",), include_vars=True, keep_time=True),
+        Link(
+            title="Findings with per-rank fixes (auditor serve)",
+            url="${serve_url}" + FINDINGS_PATH,
+            tooltip="JSON from auditor serve: every finding with its fix for each rank",
+        ),
+    )
+
+
+def findings_table(*matchers: str, w: int = 16, h: int = 9) -> Table:
+    """The current findings (job, kind, severity, rank, node) with their predicted speed-up.
+
+    Two instant queries merged on their shared labels; the speed-up query keeps only findings the
+    first one selected (``and on``), so a filter on node or rank holds for both columns.
+    """
+    finding = max_by("auditor_job, kind, rank, node, severity", sel(C.FINDING.name, *matchers))
+    speedup_matchers = tuple(m for m in matchers if not m.startswith("node"))
+    speedup = (
+        max_by("auditor_job, kind, rank", sel(C.FINDING_PREDICTED_SPEEDUP.name, *speedup_matchers))
+        + f" and on (auditor_job, kind, rank) {finding}"
+    )
+    return Table(
+        title="Current findings",
+        description="One row per blamed rank (rank empty: the whole job). The fix for each rank "
+        "is in the auditor serve JSON (link on the right).",
+        w=w,
+        h=h,
+        targets=(instant(finding), instant(speedup)),
+        transformations=(
+            MERGE,
+            organize(
+                exclude=("Time", "Value #A"),
+                order=("auditor_job", "kind", "severity", "rank", "node", "Value #B"),
+            ),
+        ),
+        overrides=(
+            override(
+                "Value #B",
+                ("displayName", "predicted speed-up"),
+                ("unit", SPEEDUP_UNIT),
+                ("decimals", 2),
+            ),
+            override(
+                "severity",
+                ("mappings", [SEVERITY_MAPPINGS]),
+                ("custom.cellOptions", {"type": "color-text"}),
+            ),
+            override("node", ("links", [NODE_LINK])),
+            override("rank", ("links", [RANK_LINK])),
+        ),
+        sort_by="predicted speed-up",
+        no_value="no findings",
+    )
+
+
+def fixes_text(w: int = 8, h: int = 9) -> Text:
+    url = "${serve_url}" + FINDINGS_PATH
+    return Text(
+        title="Per-rank fixes",
+        w=w,
+        h=h,
+        content=(
+            "The fix for each blamed rank is text, not a metric: `auditor serve` serves every "
+            f"current finding as JSON at\n\n**[{url}]({url})**\n\n"
+            "Each entry has `job`, `kind`, `severity`, `ranks`, `summary`, `fixes` "
+            "(`{rank: what to change}`) and `predicted_speedup`.\n\n"
+            "Point the *auditor serve URL* variable at your `auditor serve` if it is not "
+            f"`{SERVE_URL_DEFAULT}`."
+        ),
+    )

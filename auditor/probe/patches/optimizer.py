@@ -1,0 +1,31 @@
+"""Optimizer patch: the global optimizer step pre/post hooks."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..hooks import Probe
+
+
+def hook_optimizer(probe: Probe, torch: Any) -> None:
+    opt = importlib.import_module("torch.optim.optimizer")
+    clock = probe.clock
+
+    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if probe.enabled and (probe.active or probe.activate()):
+            probe.close_h2d()
+            clock.optimizer_begin()
+
+    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if probe.active:
+            clock.optimizer_end()
+            if probe.memory is not None:
+                try:
+                    probe.memory.after_step(probe.model, optimizer)
+                except Exception:
+                    pass  # the probe must never take the training job down
+
+    opt.register_optimizer_step_pre_hook(pre)
+    opt.register_optimizer_step_post_hook(post)
