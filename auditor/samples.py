@@ -147,6 +147,10 @@ class StepSample:
     # folds several into one optimizer step); ``batch_size`` is their sum. 1 without
     # accumulation, from older probes and recordings, and in ``auditor serve``'s samples.
     micro_batches: int = 1
+    # Seconds of this step's :attr:`other_s` the probe saw spent in named work outside the
+    # training phases (``{"checkpoint": 1.8, "evaluation": 0.0, "logging": 0.01}``: the rank's own
+    # work between its steps, e.g. ``torch.save`` on rank 0 alone); None: nothing named.
+    outside: dict[str, float] | None = None
     # Steps this sample stands for: 1 from the probe; more when ``auditor serve`` rebuilds the
     # mean step of a scrape interval from Prometheus counters. Statistics weight by it.
     count: int = 1
@@ -158,8 +162,12 @@ class StepSample:
 
     def to_row(self) -> list[Any]:
         row = [getattr(self, name) for name in _WIRE_FIELDS]
-        if self.micro_batches == 1:
-            row.pop()  # without accumulation the row is what it was before micro_batches
+        # Trailing fields at their defaults stay off the row: without accumulation and named
+        # outside work the row is what it was before those fields.
+        for name in reversed(_OPTIONAL_TAIL):
+            if row[-1] != _TAIL_DEFAULTS[name]:
+                break
+            row.pop()
         return row
 
     @classmethod
@@ -203,9 +211,12 @@ class StepSample:
 
 # ``count`` stays off the wire: a rank always sends single steps.
 _WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample) if f.name != "count")
-# ``micro_batches`` is the last wire field: a row without it (an older probe, or no
-# accumulation) reads as 1.
-assert _WIRE_FIELDS[-1] == "micro_batches"
+# The last wire fields, each left off a row (with those after it) at its default: a row
+# without them (an older probe, no accumulation, nothing named outside the phases) reads as
+# the defaults.
+_OPTIONAL_TAIL = ("micro_batches", "outside")
+_TAIL_DEFAULTS: dict[str, Any] = {"micro_batches": 1, "outside": None}
+assert _WIRE_FIELDS[-len(_OPTIONAL_TAIL) :] == _OPTIONAL_TAIL
 # Rows from a probe that predates ``data_cpu_s`` end at ``mem_peak_bytes``.
 _MIN_WIRE_FIELDS = _WIRE_FIELDS.index("mem_peak_bytes") + 1
 

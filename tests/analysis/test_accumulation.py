@@ -125,15 +125,19 @@ def test_memory_pressure_sizes_the_micro_batch() -> None:
 def test_micro_batches_on_the_wire_and_in_recordings(tmp_path: Path) -> None:
     plain = StepSample(rank=0, step=0, time=1.0, step_s=0.1, batch_size=8)
     accumulated = replace(plain, batch_size=32, micro_batches=4)
-    # Without accumulation the row and the record are what they were before micro_batches.
-    assert len(plain.to_row()) == len(StepSample.wire_fields()) - 1
+    # Without accumulation (nor named outside work) the row and the record are what they were
+    # before micro_batches.
+    assert len(plain.to_row()) == len(StepSample.wire_fields()) - 2
     assert "micro_batches" not in next(iter(batch_records(Batch(steps=(plain,)))))
     assert StepSample.from_row(plain.to_row()) == plain
     assert StepSample.from_row(accumulated.to_row()) == accumulated
     assert accumulated.micro_batch_size == 8 and plain.micro_batch_size == 8
+    saving = replace(plain, outside={"checkpoint": 0.05})
+    assert StepSample.from_row(saving.to_row()) == saving
+    assert StepSample.from_row(replace(accumulated, outside={"logging": 0.01}).to_row()).outside
     path = tmp_path / "r.jsonl"
-    write_recording(path, [Batch(steps=(plain, accumulated))])
-    assert read_recording(path).batch.steps == (plain, accumulated)
+    write_recording(path, [Batch(steps=(plain, accumulated, saving))])
+    assert read_recording(path).batch.steps == (plain, accumulated, saving)
 
 
 def test_batch_split_with_ranks_that_accumulate_differently() -> None:
