@@ -6,46 +6,7 @@ The graph is built from source with ``ast`` (nothing imported), so an import hid
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-    """Every auditor module mapped to the auditor modules it imports (relative ones resolved)."""
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in files}
-    for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
-                # ``from pkg import mod`` imports the module pkg.mod where one exists (pkg itself
-                # is its parent, initialised first in any case); ``from pkg import name``: pkg.
-                subs = [f"{base}.{a.name}" for a in node.names]
-                targets = [m for m in subs if m in files]
-                if len(targets) < len(subs):
-                    targets.append(base)
-            for target in targets:
-                # The deepest auditor module the name resolves to.
-                while target and target not in files:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    graph[name].add(target)
-    return graph
+from tests.helpers.imports import import_graph
 
 
 def find_cycle(graph: dict[str, set[str]], within: str = "") -> list[str] | None:

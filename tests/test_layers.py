@@ -11,12 +11,10 @@ import name`` counts as importing the module ``pkg.name`` where there is one, el
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
+from tests.helpers.imports import PACKAGE, Import, module_name, package_imports
 
 # Lowest first. A name is a module or a package (with everything under it); "auditor" is the
 # top package's own ``__init__`` only.
@@ -54,45 +52,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Import:
-    source: str  # the importing module
-    target: str  # the auditor module imported
-    path: Path
-    line: int
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def package_imports(package: Path = PACKAGE) -> Iterator[Import]:
-    """Every import of one auditor module by another, with the file and line it is on."""
-    files = {_module_name(p): p for p in sorted(package.rglob("*.py"))}
-    for name, path in files.items():
-        parent = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = parent.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
-                subs = [f"{base}.{a.name}" for a in node.names]
-                targets = [m for m in subs if m in files]
-                if len(targets) < len(subs):
-                    targets.append(base)
-            for target in targets:
-                while target and target not in files:  # the deepest auditor module named
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    yield Import(name, target, path, node.lineno)
-
-
 def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
     """The index in ``layers`` of the module's layer (its longest listed prefix); None if none.
     The top package ("auditor") holds only its own ``__init__``, never what is under it."""
@@ -128,7 +87,7 @@ def _where(imp: Import) -> str:
 
 
 def _modules() -> list[str]:
-    return sorted(_module_name(p) for p in PACKAGE.rglob("*.py"))
+    return sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
 
 
 # --------------------------------------------------------------------------------------------

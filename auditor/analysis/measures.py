@@ -37,17 +37,19 @@ def own_work(s: RankStats) -> float:
     return max(0.0, s.local_s - s.data_wait_s)
 
 
-def with_peers_work(stats: Mapping[int, RankStats], ranks: Collection[int]) -> dict[int, float]:
-    """The local times of ``ranks`` if each one's own work (:func:`own_work`) were its unnamed
-    peers' median: the what-if of a fix to their compute, whose data wait stays (a rule that
-    took the peers' whole local time credited that fix with removing the data wait too)."""
-    work = {r: own_work(s) for r, s in stats.items()}
-    peers = {q: v for q, v in work.items() if q not in ranks}
+def with_peers_work(
+    local_s: Mapping[int, float], work_s: Mapping[int, float], ranks: Collection[int]
+) -> dict[int, float]:
+    """The local times of ``ranks`` if each one's own work (:func:`own_work`, per rank in
+    ``work_s``) were its unnamed peers' median: the what-if of a fix to their compute, whose
+    data wait stays (a rule that took the peers' whole local time credited that fix with
+    removing the data wait too)."""
+    peers = {q: v for q, v in work_s.items() if q not in ranks}
     out: dict[int, float] = {}
     for r in ranks:
         median = peer_median(peers, r)
         if median is not None:
-            out[r] = stats[r].local_s - max(0.0, work[r] - median)
+            out[r] = local_s[r] - max(0.0, work_s[r] - median)
     return out
 
 

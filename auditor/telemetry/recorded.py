@@ -6,7 +6,8 @@ other line is one record with a ``"t"`` type:
 
 * ``{"t": "rank", "info": {RankInfo}}``            a rank's identity (repeated when it changes)
 * ``{"t": "step", ...StepSample fields}``          one training step of one rank
-  (``micro_batches`` only where the step accumulated several; absent reads as 1)
+  (``micro_batches`` only where the step accumulated several; absent reads as 1; ``outside``
+  only where the probe named work outside the phases)
 * ``{"t": "process", ...ProcessCpu fields}``       CPU of a rank's main process and its workers
 * ``{"t": "node", ...NodeCpu fields}``             a node's CPU
 * ``{"t": "device", ...DeviceSample fields}``      one NVML read of one GPU
@@ -71,7 +72,10 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
     for info in batch.infos:
         yield {"t": "rank", "info": info.to_dict()}
     for s in batch.steps:
-        yield {"t": "step", **_single(_single(asdict(s), "count"), "micro_batches")}
+        row = _single(_single(asdict(s), "count"), "micro_batches")
+        if row.get("outside") is None:
+            row.pop("outside", None)  # nothing named outside the phases: the older shape
+        yield {"t": "step", **row}
     for c in batch.processes:
         yield {"t": "process", **asdict(c)}
     for n in batch.nodes:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..advisor import Barrier
 from ..findings import Finding, severity_for
 from ..fixes import Fix
-from ..measures import PeerMedians, own_work, peer_median
+from ..measures import PeerMedians, own_work, peer_median, with_peers_work
 from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 from ..stats import collective_ops_ms, ops_order
@@ -149,7 +149,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         return []
 
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
-    speedup = i.barrier.speedup(_with_peers_work(i, blamed))
+    speedup = i.barrier.speedup(with_peers_work(i.local_s, i.work_s, blamed))
     slow: dict[int, SlowRank] = {}
     per_rank: dict[str, object] = {}
     fixes: list[Fix] = []
@@ -196,17 +196,6 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             fixes=tuple(fixes),
         )
     ]
-
-
-def _with_peers_work(i: Inputs, ranks: Mapping[int, object]) -> dict[int, float]:
-    """The local times of ``ranks`` if each one's own work were its unnamed peers' median."""
-    peers = {q: v for q, v in i.work_s.items() if q not in ranks}
-    out: dict[int, float] = {}
-    for r in ranks:
-        median = peer_median(peers, r)
-        if median is not None:
-            out[r] = i.local_s[r] - max(0.0, i.work_s[r] - median)
-    return out
 
 
 def _worst_phase(i: Inputs, r: int, peers: list[int]) -> tuple[str, float, float]:

@@ -51,7 +51,7 @@ from ..advisor import Barrier
 from ..devices import DeviceStats
 from ..findings import Finding, severity_for
 from ..fixes import Fix
-from ..measures import PeerMedians, measured_gpus, own_work, peer_median
+from ..measures import PeerMedians, measured_gpus, own_work, peer_median, with_peers_work
 from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 from ..stats import RankStats
@@ -236,7 +236,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         return []
 
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
-    new_local = _with_peers_work(i, blamed)
+    new_local = with_peers_work(i.local_s, i.work_s, blamed)
     # Without measured waits every rank's local time includes the barrier: no model to apply.
     measured = len(waits) >= 2
     speedup = i.barrier.speedup(new_local) if new_local and measured else None
@@ -298,17 +298,6 @@ def _per_sample(s: RankStats, *, outside_barrier: bool) -> float:
     """Compute per sample; only the phases outside the all-reduce where waits are unknown."""
     work = s.h2d_s + s.forward_s + s.optimizer_s if outside_barrier else s.compute_s
     return work / s.batch_size if s.batch_size else work
-
-
-def _with_peers_work(i: Inputs, ranks: Mapping[int, object]) -> dict[int, float]:
-    """The local times of ``ranks`` if each one's own work were its unnamed peers' median."""
-    peers = {q: v for q, v in i.work_s.items() if q not in ranks}
-    out: dict[int, float] = {}
-    for r in ranks:
-        median = peer_median(peers, r)
-        if median is not None:
-            out[r] = i.local_s[r] - max(0.0, i.work_s[r] - median)
-    return out
 
 
 def _slowdowns(
