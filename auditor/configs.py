@@ -19,6 +19,23 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ApplyPlan:
+    """``auditor run --apply``: the loader levers the probe sets on named ranks when they build
+    their training DataLoader, and the fixes it leaves to the user (named, never applied)."""
+
+    # rank -> lever -> value (``num_workers``, ``pin_memory``, ``persistent_workers``,
+    # ``prefetch_factor``).
+    levers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # rank -> the training loader's settings as the applied report saw them: how the probe tells
+    # that loader when it is built (``auditor.probe.apply``). None for levers given by hand.
+    match: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The reports' fixes that need a code or hardware change: (rank, lever, current, proposed).
+    not_applied: tuple[tuple[int | None, str, Any, Any], ...] = ()
+    # Where it came from: report paths and rankN.lever=value items, in the order given.
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """``auditor run``: :func:`auditor.commands.run.run`."""
 
@@ -26,11 +43,15 @@ class RunConfig:
     report: str | None = None
     record: str | None = None
     html: str | None = None
+    # ``--events``: the live verdict's changes as JSON lines (auditor.report.events).
+    events: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     sd_file: str | None = None
     address: str | None = None
     device_source: str = "nvml"
+    # dcgm: the node's dcgm-exporter reads the GPUs; no GpuMonitor actor is started.
+    gpu_source: str = "auditor"
     window: float = 10.0
     live_interval: float = 1.0
     job: str | None = None
@@ -45,6 +66,10 @@ class RunConfig:
     json: str | None = None
     # "warning" or "critical": exit 3 when the job succeeded and the verdict has such a finding.
     fail_on: str | None = None
+    # ``--apply`` as given (report paths, rankN.lever=value), and the plan it names: the loader
+    # levers the probe sets on named ranks (None: the script's own loaders).
+    apply: str | None = None
+    apply_plan: ApplyPlan | None = None
     overrides: Overrides = field(default_factory=dict)
 
     @property
@@ -61,6 +86,8 @@ class FleetConfig:
 
     address: str
     device_source: str = "nvml"
+    # dcgm: the nodes' dcgm-exporter reads the GPUs; no GpuMonitor actors are started.
+    gpu_source: str = "auditor"
     sd_file: str | None = None
     metrics_host: str = "127.0.0.1"
     metrics_port_base: int = 0
@@ -93,6 +120,8 @@ class ServeConfig:
     set: str | None = None
     once: bool = False
     overrides: Overrides = field(default_factory=dict)
+    # auto: the auditor's monitors' series, and dcgm-exporter's for any GPU they do not export.
+    gpu_source: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -107,6 +136,12 @@ class ReplayConfig:
     job: str | None = None
     node: str | None = None
     as_node: str | None = None
+    # dcgm: the GPUs served as dcgm-exporter serves them, on dcgm_port; the node endpoint then
+    # exports no auditor_gpu_* series (as `auditor run --gpu-source dcgm`).
+    gpu_source: str = "auditor"
+    dcgm_port: int = 9401
+    dcgm_counters: str = "auditor"
+    dcgm_hostname: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +176,11 @@ class DashboardsConfig:
     action: str  # "render" or "push"
     dashboards_root: str | None = None
     dashboards_check: bool = False
+    # Settings of the generated provisioning (render): None = the defaults the committed files
+    # hold (auditor.ops.render.Provisioning).
+    datasource_url: str | None = None
+    nodes_scrape_job: str | None = None
+    serve_scrape_job: str | None = None
     grafana_url: str | None = None
     grafana_folder: str = "GPU Balance Auditor"
     grafana_token_file: str | None = None

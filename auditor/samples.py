@@ -65,9 +65,21 @@ class RankInfo:
     job: str = ""
     # torch.distributed collectives the rank called off its training thread (not timed).
     off_thread_collectives: int = 0
+    # ``auditor run --apply``: the loader levers the probe moved on this rank's training loader,
+    # ``(lever, from, to)``, and those planned that it kept, ``(lever, reason)``
+    # (``auditor.probe.apply``'s reason codes).
+    applied: tuple[tuple[str, Any, Any], ...] = ()
+    apply_kept: tuple[tuple[str, str], ...] = ()
     # Set by a node agent serving several jobs: the key it files this rank's samples under
     # (rank numbers repeat across jobs). None: the rank number is the key.
     key: int | None = None
+    # Wall-clock bounds of the rank's process, for the account of its whole run
+    # (``analysis.accounting``): ``started_at`` the process start as the probe reads it
+    # (``/proc/self/stat``; else when the probe attached); ``ended_at`` when it ended: the
+    # probe's goodbye, then the node agent's moment of end-of-file on the rank's socket. None:
+    # not known (an older probe; a rank still running).
+    started_at: float | None = None
+    ended_at: float | None = None
 
     @property
     def slot(self) -> int:
@@ -82,12 +94,19 @@ class RankInfo:
         for key in ("devices", "device_uuids", "unmeasured"):
             if key in d and d[key] is not None:
                 d[key] = tuple(d[key])
+        for key in ("applied", "apply_kept"):
+            d[key] = tuple(tuple(x) for x in d.get(key) or () if isinstance(x, (list, tuple)))
         return _from_dict(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["key"] is None:  # a node-local detail: recordings and the wire stay as they were
-            del d["key"]
+        # Left off where unknown: recordings and the wire stay as they were.
+        for name in ("key", "started_at", "ended_at"):  # key: a node-local detail
+            if d[name] is None:
+                del d[name]
+        for name in ("applied", "apply_kept"):  # only under ``auditor run --apply``
+            if not d[name]:
+                del d[name]
         return d
 
 

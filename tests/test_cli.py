@@ -123,6 +123,8 @@ def _value_for(opt: Option, tmp_path: Path) -> str:
         return f"recorded:{recording}"
     if opt.dest == "set":
         return "data_starvation.min_wait_ratio=0.3"
+    if opt.dest == "apply":
+        return "rank0.num_workers=2"
     if opt.type is str:
         return f"from-{opt.env.lower()}"
     samples = {
@@ -134,6 +136,9 @@ def _value_for(opt: Option, tmp_path: Path) -> str:
         "url": "http://h:1",
         "severity": "critical",
         "json_destination": "-",
+        "gpu_source": "dcgm",
+        "serve_gpu_source": "dcgm",
+        "dcgm_counters": "default",
     }
     name = getattr(opt.type, "__name__", "")
     assert name in samples, f"{opt.flag}: no sample value for option type {name}"

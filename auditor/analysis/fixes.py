@@ -44,6 +44,11 @@ LEVERS: Mapping[str, str] = {
     "gpu_assignment": CODE,  # which GPU a rank or a process uses
     "scatter_chunks": CODE,  # DataParallel's per-GPU chunks of the batch (the primary's smaller)
     "retained_tensors": CODE,  # tensors kept across steps (a loss summed as a tensor, a list)
+    # a rank's own work between its steps that its peers wait for (stall)
+    "checkpoint_async": CODE,  # save off the training step (async_save, a background thread)
+    "checkpoint_interval": CODE,  # steps between checkpoints
+    "evaluation_on_all_ranks": CODE,  # evaluation sharded over every rank, not one rank's alone
+    "logging_off_step": CODE,  # logging and metric gathering off the step (less often, async)
     # the machine
     "device": HARDWARE,  # a throttled or slower GPU: cooling, power, clocks, replacement
     "power_limit": HARDWARE,  # a GPU's power limit in watts (nvidia-smi -pl)

@@ -25,6 +25,7 @@ from auditor.samples import (
     StepSample,
 )
 
+from .accounting import Account, RunTotals, account
 from .devices import DeviceStats, owners_of, rank_gpus, reduce_devices, strays_of
 from .stats import RankStats, rank_stats
 
@@ -70,6 +71,8 @@ class Snapshot:
     gpus: tuple[DeviceStats, ...] = ()
     # Total steps seen per rank over the whole run, not only the window (for the report).
     total_steps: dict[int, int] = field(default_factory=dict)
+    # Each rank's account of its whole run (``accounting``), where the store could make one.
+    accounts: dict[int, Account] = field(default_factory=dict)
     # Per-rank statistics computed elsewhere, equal to what reducing ``ranks`` gives (tested):
     # ``auditor serve`` builds them from Prometheus' columns along with the ranks
     # (:func:`~.stats.rank_stats_from_columns`) instead of reducing each rank's samples again.
@@ -210,7 +213,8 @@ class SampleStore:
 
     Memory stays bounded: each rank keeps at most ``max_steps_per_rank`` steps and
     ``max_cpu_per_rank`` CPU samples (oldest dropped), so a week-long job costs the same as a
-    minute-long one. Step counts over the whole run are kept separately.
+    minute-long one. Step counts and each rank's summed steps over the whole run
+    (:class:`~.accounting.RunTotals`, for its account) are kept separately.
     """
 
     def __init__(
@@ -234,6 +238,7 @@ class SampleStore:
         self._devices: dict[str, deque[DeviceSample]] = {}
         self._ended: set[int] = set()
         self._total: dict[int, int] = {}
+        self._run: dict[int, RunTotals] = {}
         self._memory: dict[int, list[MemoryBudget]] = {}
         self._max_steps = max_steps_per_rank
         self._max_cpu = max_cpu_per_rank
@@ -244,6 +249,10 @@ class SampleStore:
         for s in batch.steps:
             self._steps.setdefault(s.rank, deque(maxlen=self._max_steps)).append(s)
             self._total[s.rank] = self._total.get(s.rank, 0) + 1
+            run = self._run.get(s.rank)
+            if run is None:
+                run = self._run[s.rank] = RunTotals()
+            run.add(s)
         for c in batch.processes:
             self._cpu.setdefault(c.rank, deque(maxlen=self._max_cpu)).append(c)
         self._nodes.extend(batch.nodes)
@@ -277,6 +286,22 @@ class SampleStore:
 
     def total_steps(self) -> dict[int, int]:
         return dict(self._total)
+
+    def accounts(self) -> dict[int, Account]:
+        """Each rank's account of its whole run so far (ranks with neither a step nor both
+        ends of their process reported have none)."""
+        out: dict[int, Account] = {}
+        for rank in self.ranks:
+            info = self._infos.get(rank)
+            a = account(
+                rank,
+                self._run.get(rank),
+                started_at=info.started_at if info is not None else None,
+                ended_at=info.ended_at if info is not None else None,
+            )
+            if a is not None:
+                out[rank] = a
+        return out
 
     def latest_time(self) -> float | None:
         """The newest sample time seen, the natural "now" for replayed data."""
@@ -325,4 +350,5 @@ class SampleStore:
             nodes=nodes,
             devices=devices,
             total_steps=self.total_steps(),
+            accounts=self.accounts(),
         )

@@ -1,9 +1,12 @@
 """``auditor dashboards render|push``: the generated operator files, and their upload.
 
-auditor dashboards render [--root DIR] [--check]
+auditor dashboards render [--root DIR] [--check] [--datasource-url URL]
+                         [--nodes-scrape-job NAME] [--serve-scrape-job NAME]
     write the generated dashboards, their provisioning and the Prometheus rules under DIR (the
     current directory by default); with --check write nothing, list the files that are missing or
-    out of date and exit 1 if there are any (0 if none)
+    out of date and exit 1 if there are any (0 if none). The data source URL and the scrape job
+    names are written into the provisioning and the rules (--check compares with the render
+    of the same settings: the defaults are what the repository commits)
 auditor dashboards push --grafana-url URL [--folder NAME] [--grafana-token-file PATH]
     upload the dashboards into a Grafana folder (created if missing), overwriting older versions;
     the token comes from AUDITOR_GRAFANA_TOKEN or from the token file, never from the command line
@@ -34,6 +37,24 @@ RENDER_OPTIONS: tuple[Option, ...] = (
         str,
         False,
         True,
+    ),
+    Option(
+        "--datasource-url",
+        "datasource_url",
+        "URL of the Prometheus the provisioned Grafana data source reads "
+        "(default: http://prometheus:9090, the compose stack's)",
+    ),
+    Option(
+        "--nodes-scrape-job",
+        "nodes_scrape_job",
+        "Prometheus scrape job of the node endpoints, watched by AuditorExporterDown "
+        "(default: auditor-nodes)",
+    ),
+    Option(
+        "--serve-scrape-job",
+        "serve_scrape_job",
+        "Prometheus scrape job of auditor serve, watched by AuditorExporterDown "
+        "(default: auditor-serve)",
     ),
 )
 

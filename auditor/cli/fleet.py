@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from auditor.configs import ConfigError, FleetConfig
 
-from .options import Option, add_options, device_source, port, positive, resolve
+from .options import Option, add_options, device_source, gpu_source, port, positive, resolve
 from .usage import UsageError
 
 FLEET_OPTIONS: tuple[Option, ...] = (
@@ -19,6 +19,15 @@ FLEET_OPTIONS: tuple[Option, ...] = (
         "node fields name the Ray nodes' auditor_node:<name> resources)",
         device_source,
         "nvml",
+    ),
+    Option(
+        "--gpu-source",
+        "gpu_source",
+        "GPU figures from: auditor (a GpuMonitor actor per GPU, NVML) or dcgm (the node's "
+        "dcgm-exporter, scraped by Prometheus: no monitors; ranks still report their GPU "
+        "UUIDs, the join)",
+        gpu_source,
+        "auditor",
     ),
     Option(
         "--sd-file",

@@ -124,6 +124,24 @@ def device_source(text: str) -> str:
     raise ValueError(f"expected 'nvml' or 'recorded:<path>', got {text!r}")
 
 
+def gpu_source(text: str) -> str:
+    """Where GPU figures come from: ``auditor`` (the auditor's own GpuMonitor actors) or
+    ``dcgm`` (the node's dcgm-exporter, scraped by Prometheus: no monitors are started)."""
+    spec = text.strip().lower()
+    if spec not in ("auditor", "dcgm"):
+        raise ValueError(f"expected 'auditor' or 'dcgm', got {text!r}")
+    return spec
+
+
+def serve_gpu_source(text: str) -> str:
+    """``auto`` (both: the monitors' series where they exist, dcgm-exporter's for any other GPU),
+    ``auditor`` or ``dcgm``."""
+    spec = text.strip().lower()
+    if spec not in ("auto", "auditor", "dcgm"):
+        raise ValueError(f"expected 'auto', 'auditor' or 'dcgm', got {text!r}")
+    return spec
+
+
 def severity(text: str) -> str:
     """``--fail-on``: the least severe finding that fails the run."""
     from auditor.report.exit_status import FAIL_ON_SEVERITIES

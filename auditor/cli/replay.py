@@ -7,7 +7,15 @@ from collections.abc import Mapping, Sequence
 
 from auditor.configs import ReplayConfig
 
-from .options import Option, add_options, boolean, port, positive, resolve
+from .options import Option, add_options, boolean, gpu_source, port, positive, resolve
+
+
+def dcgm_counters(text: str) -> str:
+    spec = text.strip().lower()
+    if spec not in ("default", "auditor"):
+        raise ValueError(f"expected 'default' or 'auditor', got {text!r}")
+    return spec
+
 
 REPLAY_OPTIONS: tuple[Option, ...] = (
     Option(
@@ -31,6 +39,31 @@ REPLAY_OPTIONS: tuple[Option, ...] = (
     Option("--node", "node", "node of a multi-node recording to export (one per endpoint)"),
     Option(
         "--as-node", "as_node", "export the node under this name (several replays side by side)"
+    ),
+    Option(
+        "--gpu-source",
+        "gpu_source",
+        "dcgm: serve the GPUs as dcgm-exporter does (DCGM_FI_* names, labels and units) on "
+        "--dcgm-port, and no auditor_gpu_* series on the node endpoint; auditor: the node "
+        "endpoint's own GPU series",
+        gpu_source,
+        "auditor",
+    ),
+    Option(
+        "--dcgm-port", "dcgm_port", "port of the dcgm-exporter endpoint (0: any free)", port, 9401
+    ),
+    Option(
+        "--dcgm-counters",
+        "dcgm_counters",
+        "dcgm fields served: default (dcgm-exporter's default counters) or auditor (those plus "
+        "throttle reasons, maximum clocks, power limit and PCIe link: deploy/dcgm/counters.csv)",
+        dcgm_counters,
+        "auditor",
+    ),
+    Option(
+        "--dcgm-hostname",
+        "dcgm_hostname",
+        "the Hostname label of the dcgm series (default: the exported node)",
     ),
 )
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from auditor.configs import RunConfig
 
+from .applying import parse_apply
 from .options import (
     FAIL_ON,
     SET,
@@ -15,6 +16,7 @@ from .options import (
     add_options,
     boolean,
     device_source,
+    gpu_source,
     json_destination,
     niceness,
     non_negative,
@@ -29,6 +31,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("--report", "report", "write the JSON report here (also when the job fails)"),
     Option("--record", "record", "write every sample seen to this recording (JSON lines)"),
     Option("--html", "html", "write a self-contained HTML report here"),
+    Option(
+        "--events",
+        "events",
+        "write the live verdict to this file as JSON lines while the job runs: one line per "
+        "change (each finding as it first appears or leaves, with its typed fixes), flushed "
+        "at once; the final verdict is the last line",
+    ),
     Option(
         "--metrics-port",
         "metrics_port",
@@ -56,6 +65,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "where GPU samples come from: nvml, or recorded:PATH (a recording to replay)",
         device_source,
         "nvml",
+    ),
+    Option(
+        "--gpu-source",
+        "gpu_source",
+        "GPU figures from: auditor (a GpuMonitor actor per GPU, NVML) or dcgm (the node's "
+        "dcgm-exporter, scraped by Prometheus: no monitors; ranks still report their GPU "
+        "UUIDs, the join)",
+        gpu_source,
+        "auditor",
     ),
     Option("--window", "window", "seconds of samples each live verdict looks at", positive, 10.0),
     Option(
@@ -101,15 +119,30 @@ RUN_OPTIONS: tuple[Option, ...] = (
         json_destination,
     ),
     FAIL_ON,
+    Option(
+        "--apply",
+        "apply",
+        "try a report's advice without editing the script: the loader levers of REPORT.json's "
+        "fixes (num_workers, pin_memory, persistent_workers, prefetch_factor), or one given as "
+        "rankN.lever=value, set on the named ranks' training DataLoader when it is built; "
+        "fixes that need a code change are named, not applied (comma separated; given several "
+        "times, all apply)",
+        repeat=True,
+    ),
 )
 
 
 def run_config(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> RunConfig:
     values = resolve(ns, RUN_OPTIONS, env)
     overrides = parse_overrides(values.get("set"))
+    plan = parse_apply(
+        values.get("apply"),
+        command,
+        source="--apply" if getattr(ns, "apply", None) else "AUDITOR_APPLY",
+    )
     if values.get("sd_file") and values.get("metrics_port") is None:
         values["metrics_port"] = 0  # an SD file needs an endpoint to list: any free port
-    return RunConfig(command=tuple(command), overrides=overrides, **values)
+    return RunConfig(command=tuple(command), overrides=overrides, apply_plan=plan, **values)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:

@@ -17,6 +17,7 @@ from .options import (
     port,
     positive,
     resolve,
+    serve_gpu_source,
     url,
 )
 from .usage import UsageError
@@ -36,6 +37,15 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option("--port", "port", "port of the service's HTTP endpoint (0: any free)", port, 9410),
     Option("--interval", "interval", "seconds between evaluations", positive, 15.0),
     Option("--window", "window", "seconds of samples each evaluation judges", positive, 60.0),
+    Option(
+        "--gpu-source",
+        "gpu_source",
+        "GPU series to judge: auto (the auditor's monitors where they export a GPU, "
+        "dcgm-exporter's DCGM_FI_* series for any other, joined to ranks by GPU UUID), "
+        "auditor, or dcgm",
+        serve_gpu_source,
+        "auto",
+    ),
     Option(
         "--stale-after",
         "stale_after",

@@ -15,11 +15,12 @@ kept). Ray itself restarts a dead monitor (``max_restarts=-1``); meanwhile its a
 GPU as ``auditor_gpu_up 0`` with the last sample's timestamp.
 
 Every change of the endpoint list rewrites a Prometheus file-service-discovery JSON
-(``[{"targets": ["host:port"], "labels": {"node": ...}}]``, written to a temporary file and
-renamed over the old one, so Prometheus never reads half a file). The series carry ``node``
-themselves, with the same value as the target label, so a default scrape config (honor_labels
-false) needs nothing more: the target's ``node`` is the series' own (Prometheus keeps the scraped
-copy as ``exported_node``).
+(``[{"targets": ["host:port"], "labels": {}}]``, written to a temporary file and renamed over the
+old one, so Prometheus never reads half a file). The entries carry no target labels: the series
+carry ``node`` and ``auditor_job`` themselves, and under a default scrape config (honor_labels
+false) a target label of the same name would rename the series' own to ``exported_node`` /
+``exported_auditor_job`` (or overwrite an empty one, an unowned GPU's ``auditor_job``). A down
+endpoint is named by ``instance``; AuditorExporterDown finds its node in its last series.
 
 **Which name a Ray node has, and so which device samples it gets.** A node's auditor name is the
 value of its custom resource ``auditor_node:<name>`` when it has one (``ray start
@@ -76,6 +77,13 @@ def sd_target(metrics_url: str, bind_host: str, reachable_host: str) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{port}"
+
+
+def sd_entry(target: str) -> dict[str, Any]:
+    """One file_sd entry: the ``host:port`` to scrape, without target labels. ``auditor_job``
+    and ``node`` come with every series; a target label of either name would, under a default
+    scrape (honor_labels false), rename the series' own to ``exported_*``."""
+    return {"targets": [target], "labels": {}}
 
 
 def sd_text(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -257,7 +265,7 @@ class Fleet:
         """The Prometheus file-SD entries: one per node with an endpoint, sorted by node name."""
         with self._lock:
             ds = sorted(self._deployments.values(), key=lambda d: (d.name, d.node_id))
-        return [{"targets": [d.target], "labels": {"node": d.name}} for d in ds if d.target]
+        return [sd_entry(d.target) for d in ds if d.target]
 
     # --- reconciling ---------------------------------------------------------------------------
     def reconcile(self) -> dict[str, list[str]]:

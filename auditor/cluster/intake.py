@@ -19,6 +19,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ class RankIntake:
         *,
         on_workers: Callable[[int, int, tuple[int, ...]], None] | None = None,
         multi_job: bool = False,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self.multi_job = multi_job
@@ -64,6 +66,7 @@ class RankIntake:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._server: socket.socket | None = None
+        self._wall = wall
         self.infos: dict[int, RankInfo] = {}
         self.bad_lines = 0
         self.connections = 0
@@ -144,6 +147,7 @@ class RankIntake:
             if state.buf.strip():
                 self._line(state, state.buf)
             if state.rank is not None:
+                self._ended_at(state.rank)
                 with self._lock:
                     self._delta.ended.add(state.rank)
                     if not state.bye:
@@ -156,6 +160,17 @@ class RankIntake:
         for line in lines:
             if line.strip():
                 self._line(state, line)
+
+    def _ended_at(self, key: int) -> None:
+        """The rank's process ended now (its socket closed): the end of its account, later than
+        the probe's goodbye by what the interpreter's exit took after it."""
+        info = self.infos.get(key)
+        if info is None:
+            return
+        info = dataclasses.replace(info, ended_at=self._wall())
+        self.infos[key] = info
+        with self._lock:
+            self._delta.infos[key] = info
 
     def _key(self, info: RankInfo) -> int:
         """The key a rank's samples are filed under: its rank, or with several jobs one key per

@@ -144,11 +144,17 @@ def ray_node_id() -> str | None:
     return None
 
 
+NO_DEVICES = "none"  # the device source that monitors no GPU (dcgm-exporter reads them)
+
+
 def discover_devices(spec: str, node: str) -> tuple[list[DeviceIdentity], str | None]:
     """The GPUs ``spec`` finds on this node, and a note when it could not look.
 
     No NVML here (no driver, no GPU) is not an error: the node has no GPUs to monitor.
+    ``none`` (``--gpu-source dcgm``: dcgm-exporter reads the GPUs) finds none, without looking.
     """
+    if spec == NO_DEVICES:
+        return [], None
     try:
         source = make_source(spec, node)
     except ValueError:

@@ -11,6 +11,9 @@ import json
 import os
 from collections.abc import Mapping
 
+from auditor.configs import ApplyPlan
+from auditor.probe.apply import ENV_APPLY
+from auditor.probe.apply import ENV_MATCH as ENV_APPLY_MATCH
 from auditor.probe.importhook import ENV_ERRORS as ENV_PROBE_ERRORS
 
 _AUDITOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,10 +22,17 @@ PACKAGE_ROOT = os.path.dirname(_AUDITOR_DIR)
 
 
 def probe_env(
-    base: Mapping[str, str], *, sink: str, job: str, errors: str | None = None
+    base: Mapping[str, str],
+    *,
+    sink: str,
+    job: str,
+    errors: str | None = None,
+    apply: ApplyPlan | None = None,
 ) -> dict[str, str]:
     """The child's environment: the caller's, plus the probe's boot folder first on PYTHONPATH,
-    and the file where a rank whose probe cannot attach says why (:class:`ProbeErrors`)."""
+    the file where a rank whose probe cannot attach says why (:class:`ProbeErrors`), and the
+    ``--apply`` plan for the ranks' DataLoaders (:mod:`auditor.probe.apply`; an inherited plan
+    is dropped: only this run's applies)."""
     env = dict(base)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = BOOT_DIR + (os.pathsep + path if path else "")
@@ -32,6 +42,12 @@ def probe_env(
     env["AUDITOR_PROBE_ROOT"] = PACKAGE_ROOT
     if errors:
         env[ENV_PROBE_ERRORS] = errors
+    env.pop(ENV_APPLY, None)
+    env.pop(ENV_APPLY_MATCH, None)
+    if apply is not None and apply.levers:
+        env[ENV_APPLY] = json.dumps({str(r): v for r, v in sorted(apply.levers.items())})
+        if apply.match:
+            env[ENV_APPLY_MATCH] = json.dumps({str(r): v for r, v in sorted(apply.match.items())})
     return env
 
 

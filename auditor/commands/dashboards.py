@@ -1,10 +1,13 @@
 """The operator-files commands: ``auditor dashboards render`` and ``auditor dashboards push``
 (the CLI, :mod:`auditor.cli.dashboards`, builds the :class:`DashboardsConfig`).
 
-auditor dashboards render [--root DIR] [--check]
+auditor dashboards render [--root DIR] [--check] [--datasource-url URL]
+                         [--nodes-scrape-job NAME] [--serve-scrape-job NAME]
     write the generated dashboards, their provisioning and the Prometheus rules under DIR (the
     current directory by default); with --check write nothing, list the files that are missing or
-    out of date and exit 1 if there are any (0 if none)
+    out of date and exit 1 if there are any (0 if none). The data source URL and the scrape job
+    names are written into the provisioning and the rules (--check compares with the render
+    of the same settings: the defaults are what the repository commits)
 auditor dashboards push --grafana-url URL [--folder NAME] [--grafana-token-file PATH]
     upload the dashboards into a Grafana folder (created if missing), overwriting older versions;
     the token comes from AUDITOR_GRAFANA_TOKEN or from the token file, never from the command line
@@ -44,15 +47,23 @@ def dashboards(
 def render_files(
     cfg: DashboardsConfig, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
-    from auditor.ops.render import artifacts, render, stale
+    from auditor.ops.render import artifacts, provisioning, render, stale
 
     out = out or sys.stdout
     err = err or sys.stderr
     root = Path(cfg.dashboards_root or ".")
     if not root.is_dir():
         raise ConfigError(f"--root: not a directory: {root}")
+    try:
+        settings = provisioning(
+            datasource_url=cfg.datasource_url,
+            nodes_scrape_job=cfg.nodes_scrape_job,
+            serve_scrape_job=cfg.serve_scrape_job,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.dashboards_check:
-        old = stale(root)
+        old = stale(root, settings)
         for rel in old:
             print(rel, file=out)
         if old:
@@ -62,13 +73,14 @@ def render_files(
                 file=err,
             )
             return 1
-        print(f"auditor: {len(artifacts())} generated files up to date", file=err)
+        print(f"auditor: {len(artifacts(settings))} generated files up to date", file=err)
         return 0
-    written = render(root)
+    written = render(root, settings)
     for rel in written:
         print(f"wrote {rel}", file=out)
     print(
-        f"auditor: {len(written)} file(s) written, {len(artifacts()) - len(written)} unchanged",
+        f"auditor: {len(written)} file(s) written, "
+        f"{len(artifacts(settings)) - len(written)} unchanged",
         file=err,
     )
     return 0

@@ -15,7 +15,7 @@ from auditor.configs import FleetConfig
 
 def rank_sink_path(cfg: FleetConfig) -> str | None:
     """The rank socket path each node's agent listens on, or None when turned off."""
-    from auditor.probe.hooks import default_sink_path
+    from auditor.probe.probe import default_sink_path
 
     if cfg.rank_sink is None:
         return default_sink_path()
@@ -29,6 +29,7 @@ def fleet(cfg: FleetConfig, *, out: TextIO | None = None) -> int:
     import ray
 
     from auditor.cluster.fleet import Fleet
+    from auditor.cluster.monitor import NO_DEVICES
 
     logging.basicConfig(level=logging.INFO, format="auditor: %(message)s")
     ray.init(
@@ -48,7 +49,7 @@ def fleet(cfg: FleetConfig, *, out: TextIO | None = None) -> int:
     # After ray.init, which installs a SIGTERM handler of its own.
     old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     deployed = Fleet(
-        device_source=cfg.device_source,
+        device_source=NO_DEVICES if cfg.gpu_source == "dcgm" else cfg.device_source,
         sd_file=cfg.sd_file,
         metrics_host=cfg.metrics_host,
         metrics_port_base=cfg.metrics_port_base,

@@ -5,6 +5,7 @@ The CLI (:mod:`auditor.cli.replay`) builds the :class:`ReplayConfig` and calls :
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from types import FrameType
 from typing import TextIO
 
 from auditor.configs import ConfigError, ReplayConfig
+from auditor.metrics.state import ExportState
 from auditor.telemetry.recorded import RecordingError, read_recording
 
 
@@ -46,14 +48,36 @@ def replay(cfg: ReplayConfig, *, out: TextIO | None = None) -> int:
             file=out,
             flush=True,
         )
+    dcgm = cfg.gpu_source == "dcgm"
+
+    def state() -> ExportState:
+        # With dcgm-exporter as the GPU source the node endpoint exports no GPU of its own (the
+        # ranks' GPU owner series stay: they are the join).
+        now = replayer.state
+        return dataclasses.replace(now, gpus={}) if dcgm else now
+
     try:
-        server, port = serve(
-            make_registry(lambda: replayer.state), host=cfg.metrics_host, port=cfg.metrics_port
-        )
+        server, port = serve(make_registry(state), host=cfg.metrics_host, port=cfg.metrics_port)
     except OSError as exc:
         raise ConfigError(
             f"cannot serve on {cfg.metrics_host}:{cfg.metrics_port}: {exc.strerror or exc}"
         ) from None
+    dcgm_server = None
+    if dcgm:
+        from auditor.metrics.dcgm import COUNTER_SETS, DcgmExposition, DcgmServer
+
+        exposition = DcgmExposition(
+            lambda: [g.sample for g in replayer.state.gpus.values() if g.sample is not None],
+            hostname=cfg.dcgm_hostname or replayer.node,
+            fields=COUNTER_SETS[cfg.dcgm_counters],
+        )
+        try:
+            dcgm_server = DcgmServer(exposition, host=cfg.metrics_host, port=cfg.dcgm_port)
+        except OSError as exc:
+            stop(server)
+            raise ConfigError(
+                f"cannot serve on {cfg.metrics_host}:{cfg.dcgm_port}: {exc.strerror or exc}"
+            ) from None
 
     received: list[int] = []
     stop_event = threading.Event()
@@ -73,6 +97,13 @@ def replay(cfg: ReplayConfig, *, out: TextIO | None = None) -> int:
             file=out,
             flush=True,
         )
+        if dcgm_server is not None:
+            print(
+                f"auditor: its GPUs as dcgm-exporter serves them ({cfg.dcgm_counters} counters, "
+                f"Hostname {exposition.hostname!r}) on http://{host}:{dcgm_server.port}/metrics",
+                file=out,
+                flush=True,
+            )
         player.start()
         announced = False
         while not stop_event.wait(0.5):
@@ -88,6 +119,8 @@ def replay(cfg: ReplayConfig, *, out: TextIO | None = None) -> int:
         replayer.stop()
         player.join(timeout=5)
         stop(server)
+        if dcgm_server is not None:
+            dcgm_server.close()
         for sig, handler in old.items():
             signal.signal(sig, handler)
     print(

@@ -22,7 +22,13 @@ from typing import Any, TextIO
 
 from auditor.audit import Audit
 from auditor.cluster.address import AddressError, RayCluster, resolve_cluster
-from auditor.cluster.fleet import primary_address, remove_sd_file, sd_target, write_sd_file
+from auditor.cluster.fleet import (
+    primary_address,
+    remove_sd_file,
+    sd_entry,
+    sd_target,
+    write_sd_file,
+)
 from auditor.cluster.jobview import JobViewClient, NodeClashError, job_key, label_batch, member_name
 from auditor.cluster.launcher import (
     Child,
@@ -37,8 +43,11 @@ from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_cluster, 
 from auditor.configs import RunConfig
 from auditor.liveview import LiveView, open_view
 from auditor.metrics.endpoint import RunEndpoint
+from auditor.report.applied import applied_line, plan_lines, with_plan
+from auditor.report.events import EventStream
 from auditor.report.exit_status import exit_status
 from auditor.report.json_report import write_report
+from auditor.report.model import Report
 from auditor.report.terminal import render_verdict
 from auditor.telemetry.recorded import RecordingWriter
 from auditor.torchrun import node_rank
@@ -72,6 +81,13 @@ class _Signals:
     @property
     def interrupted(self) -> bool:
         return bool(self.received)
+
+
+def _device_source(cfg: RunConfig) -> str:
+    """The agent's device source: none where dcgm-exporter reads the GPUs (no monitors)."""
+    from auditor.cluster.monitor import NO_DEVICES
+
+    return NO_DEVICES if cfg.gpu_source == "dcgm" else cfg.device_source
 
 
 def run(cfg: RunConfig, *, out: TextIO | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -135,6 +151,8 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
     group = None if node_label or key is None else node_rank(cfg.command, base_env)
     # The run's endpoint is bound first: a port that is taken is refused before the job starts.
     endpoint = _open_endpoint(cfg, job, node_label)
+    # So is an events file that cannot be written.
+    events = _open_events(cfg, job, endpoint)
     rundir = tempfile.mkdtemp(prefix="auditor-")
     sink = os.path.join(rundir, "sink.sock")
     probe_errors = ProbeErrors(os.path.join(rundir, "probe-errors.jsonl"))
@@ -150,9 +168,11 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
         started=time.time(),
     )
     out = view.out
+    for line in plan_lines(cfg.apply_plan) if cfg.apply_plan is not None else ():
+        print(f"auditor: {line}", file=out)
     child = Child(
         cfg.command,
-        probe_env(base_env, sink=sink, job=job, errors=probe_errors.path),
+        probe_env(base_env, sink=sink, job=job, errors=probe_errors.path, apply=cfg.apply_plan),
         output=view.child_fd,
     )
     signals = _Signals(child)
@@ -173,6 +193,9 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
     )
     link = _Link(audit, notes, out)
     link.probe_errors = probe_errors
+    link.events = events
+    if events is not None:
+        events.start(cfg.command)
     try:
         child.start()
         view.child_started()
@@ -186,7 +209,7 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
             agent, note = start_agent(
                 use_ray=not cfg.no_ray,
                 address=cluster.init_address if cluster else None,
-                device_source=cfg.device_source,
+                device_source=_device_source(cfg),
                 # The embedded Ray's sessions live in this run's folder and go with it.
                 temp_dir=cfg.ray_temp_dir or os.path.join(rundir, "ray"),
                 job=job,
@@ -221,7 +244,7 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
             note = f"node agent on Ray failed ({type(exc).__name__}: {exc}); it ran in-process"
             try:
                 agent = InProcessAgent(
-                    device_source=cfg.device_source,
+                    device_source=_device_source(cfg),
                     job=job,
                     sink_path=sink,
                     host=node_label,
@@ -238,7 +261,7 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
             link.endpoint = endpoint
             print(f"auditor: metrics at {endpoint.url}", file=out)
             if cfg.sd_file:
-                _list_endpoint(cfg.sd_file, cfg.metrics_host, endpoint, job, notes, out)
+                _list_endpoint(cfg.sd_file, cfg.metrics_host, endpoint, notes, out)
         if agent is not None:
             link.start(agent, key, node_label, group)
         _live_loop(cfg, child, link, out, view)
@@ -252,6 +275,8 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
             recorder.close()
         if endpoint is not None:
             endpoint.close()
+        if events is not None:
+            events.close()
         shutil.rmtree(rundir, ignore_errors=True)
         raise
     finally:
@@ -285,6 +310,7 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
         notes=notes,
         interrupted=signals.interrupted,
     )
+    report = with_plan(report, cfg.apply_plan)  # --apply: the plan, and what no loader took
     try:
         if cfg.report:
             write_report(cfg.report, report)
@@ -298,6 +324,8 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
     finally:
         if recorder is not None:
             recorder.close()
+        if events is not None:
+            _close_events(events, report, out)
         if agent is not None:
             _stop_quietly(agent)
         if endpoint is not None:
@@ -355,15 +383,46 @@ def _open_endpoint(cfg: RunConfig, job: str, node: str | None) -> RunEndpoint | 
         ) from None
 
 
+def _open_events(cfg: RunConfig, job: str, endpoint: RunEndpoint | None) -> EventStream | None:
+    """``--events``: the stream's file, opened now; one that cannot be written is a one-line
+    error before the job starts (the endpoint bound a moment ago is let go)."""
+    if not cfg.events:
+        return None
+    try:
+        return EventStream.open(cfg.events, job)
+    except OSError as exc:
+        if endpoint is not None:
+            endpoint.close()
+        raise LaunchError(
+            f"cannot write the events file {cfg.events}: {exc.strerror or exc}"
+        ) from None
+
+
+def _close_events(events: EventStream, report: Report, out: TextIO) -> None:
+    """The final verdict as the stream's last line; a write that failed mid-run is said once."""
+    events.final(report)
+    events.close()
+    if events.error is not None:
+        print(
+            f"auditor: the events stream stopped after {events.lines} line(s): "
+            f"{events.error.strerror or events.error}",
+            file=out,
+        )
+
+
 def _list_endpoint(
-    path: str, metrics_host: str, endpoint: RunEndpoint, job: str, notes: list[str], out: TextIO
+    path: str, metrics_host: str, endpoint: RunEndpoint, notes: list[str], out: TextIO
 ) -> None:
-    """``--sd-file``: list this run's metrics endpoint for Prometheus' file service discovery,
-    with the job and the node as target labels. A wildcard bind is listed under this machine's
-    primary address, as ``auditor fleet`` lists a node's IP. A failure is a note: the job runs."""
+    """``--sd-file``: list this run's metrics endpoint for Prometheus' file service discovery.
+    A wildcard bind is listed under this machine's primary address, as ``auditor fleet`` lists a
+    node's IP. A failure is a note: the job runs.
+
+    The entry has no target labels (:func:`~auditor.cluster.fleet.sd_entry`): the series carry
+    ``auditor_job`` and ``node`` themselves, and a target label of either name would, under a
+    default scrape (honor_labels false), rename theirs to ``exported_*`` (or overwrite an
+    unowned GPU's empty ``auditor_job`` with this run's)."""
     target = sd_target(endpoint.url, metrics_host, primary_address())
-    node = endpoint.state.node
-    entry = {"targets": [target], "labels": {"auditor_job": job, "node": node}}
+    entry = sd_entry(target)
     try:
         write_sd_file(path, [entry])
     except OSError as exc:
@@ -389,6 +448,17 @@ class _Link:
         self.judged = 0.0  # monotonic time of the last verdict
         self._view_failed = False
         self.probe_errors: ProbeErrors | None = None
+        self.applied_said: dict[int, tuple[tuple[str, Any, Any], ...]] = {}  # --apply
+        self.events: EventStream | None = None  # --events
+
+    def say_applied(self) -> None:
+        """``--apply``: each rank's moved levers, as soon as its probe says it moved them."""
+        for rank, info in sorted(self.audit.store.infos.items()):
+            said = self.applied_said.get(rank)
+            if info.applied and info.applied != said:
+                self.applied_said[rank] = info.applied
+                moves = [{"lever": k, "from": a, "to": b} for k, a, b in info.applied]
+                print(f"auditor: {applied_line(rank, moves)}", file=self.out)
 
     def say_probe_errors(self) -> None:
         """Each process whose probe did not attach, as soon as it says so (one line each)."""
@@ -479,6 +549,7 @@ def _live_loop(
         except Exception as exc:
             print(f"auditor: node agent unreachable: {exc}", file=out)
             continue
+        link.say_applied()
         if link.view is not None:
             # Several exchanges per verdict: another node's samples reach this one within a
             # fraction of a second of its own drain, not up to a whole interval later.
@@ -496,6 +567,8 @@ def _live_loop(
                 link.endpoint.set_gpus(link.agent.gpus())
             except Exception:
                 pass  # the agent answered the drain a moment ago; its GPUs can wait a second
+        if link.events is not None:
+            link.events.verdict(findings, window=verdict.window, ranks=verdict.ranks)
         view.update(snap, findings)
 
 

@@ -34,6 +34,7 @@ def make_service(cfg: ServeConfig) -> AuditService:
         stale_after_s=cfg.stale_after,
         max_backoff_s=cfg.max_backoff,
         overrides=cfg.overrides,
+        gpu_source=cfg.gpu_source,
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from auditor.analysis.findings import SEVERITIES
+from auditor.analysis.fixes import LEVERS
 from auditor.analysis.rules import KINDS
 from auditor.samples import PHASES
 
@@ -57,6 +58,7 @@ THROTTLE_REASONS = (
 )
 
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "lever": tuple(LEVERS),
     "phase": PHASES,
     "memory": MEMORY_KINDS,
     "part": MEMORY_PARTS,
@@ -78,8 +80,15 @@ INFO_LABELS = ("device", "parallel_mode", "world_size")
 # rank's DataLoader was built with (what ``auditor serve`` needs to write a fix).
 LOADER_INFO_LABELS = ("pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
 GPU_INFO_LABELS = ("model",)
+# Descriptive labels of ``auditor_finding_fix_info``: a fix's values and its words (short).
+FIX_INFO_LABELS = ("current", "proposed", "fix")
 LABELS: frozenset[str] = frozenset(
-    COMMON_LABELS + INFO_LABELS + LOADER_INFO_LABELS + GPU_INFO_LABELS + tuple(LABEL_VALUES)
+    COMMON_LABELS
+    + INFO_LABELS
+    + LOADER_INFO_LABELS
+    + GPU_INFO_LABELS
+    + FIX_INFO_LABELS
+    + tuple(LABEL_VALUES)
 )
 
 # Units a metric may declare, and the name suffix each one requires ("" = dimensionless count).
@@ -416,6 +425,17 @@ GPU_PROCESSES = MetricSpec(
     help="Processes holding memory on the GPU.",
     labels=GPU,
 )
+# From the rank's own word (the CUDA UUIDs its probe read), not from a GPU monitor: exported
+# with or without the auditor's monitors, so another GPU source (dcgm-exporter, whose series carry
+# ``UUID`` and ``Hostname``) can be joined to the job's ranks by UUID.
+GPU_OWNER_INFO = MetricSpec(
+    name="auditor_gpu_owner_info",
+    type="gauge",
+    unit="",
+    help="Always 1 while a live rank uses the GPU: the rank's job, rank and node, the GPU's uuid "
+    "and index as the rank reported them (model where a monitor knows it).",
+    labels=(*GPU, "local_rank"),
+)
 
 # --- findings (one series per blamed rank; rank="" for a job-wide finding) ------------------------
 FINDING = MetricSpec(
@@ -432,6 +452,15 @@ FINDING_PREDICTED_SPEEDUP = MetricSpec(
     help="Expected job step-rate gain (x, 1.0 = none) if every fix of the finding is applied; "
     "repeated on each blamed rank, aggregate with max().",
     labels=(JOB_LABEL, "kind", "rank"),
+)
+FINDING_FIX_INFO = MetricSpec(
+    name="auditor_finding_fix_info",
+    type="gauge",
+    unit="",
+    help="Always 1; one fix of a finding for one rank (rank empty: a GPU no rank owns): the "
+    "lever, its current and proposed value (empty where not a value) and the rank's change in "
+    "words (fix). One series per finding kind, rank and lever.",
+    labels=(JOB_LABEL, "kind", "rank", "node", "lever", *FIX_INFO_LABELS),
 )
 
 # --- per job, from ``auditor serve`` -----------------------------------------------------------
@@ -549,8 +578,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     GPU_PCIE_LINK_WIDTH,
     GPU_PCIE_LINK_WIDTH_MAX,
     GPU_PROCESSES,
+    GPU_OWNER_INFO,
     FINDING,
     FINDING_PREDICTED_SPEEDUP,
+    FINDING_FIX_INFO,
     JOB_IMBALANCE_RATIO,
     JOB_RANKS,
     JOB_PREDICTED_SPEEDUP,
@@ -580,8 +611,12 @@ def rank_specs() -> tuple[MetricSpec, ...]:
 
 
 def gpu_specs() -> tuple[MetricSpec, ...]:
-    """The per-GPU metrics: the ones counted against :data:`GPU_SERIES_BUDGET`."""
-    return tuple(s for s in CATALOG if s.name.startswith(PREFIX + "gpu_"))
+    """The per-GPU metrics a GPU's monitor exports: the ones counted against
+    :data:`GPU_SERIES_BUDGET` (``auditor_gpu_owner_info`` is the ranks' word, one series per
+    rank that uses the GPU, exported whether or not a monitor runs)."""
+    return tuple(
+        s for s in CATALOG if s.name.startswith(PREFIX + "gpu_") and s is not GPU_OWNER_INFO
+    )
 
 
 def max_series(metric: MetricSpec) -> int:

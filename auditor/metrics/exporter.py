@@ -21,6 +21,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from auditor.analysis.findings import Finding
+from auditor.analysis.fixes import Value
+from auditor.report.phrasing import phrase
 from auditor.samples import PHASES, DeviceSample, RankInfo
 
 from . import catalog as C
@@ -192,6 +194,7 @@ def render(state: ExportState) -> list[Metric]:
     live_ranks = {r: i for r, i in infos.items() if r not in ended}
     for uuid in sorted(gpus, key=lambda u: (gpus[u].index, u)):
         _render_gpu(out, state, gpus[uuid], live_ranks)
+    _render_owners(out, state, live_ranks)
 
     def node_of(rank: int) -> str:
         info = infos.get(rank)
@@ -213,8 +216,10 @@ def add_findings(
     out: SeriesSet, job: str, findings: Sequence[Finding], node_of: Callable[[int], str]
 ) -> None:
     """``auditor_finding`` and its predicted speed-up, one series per blamed rank so dashboards
-    can join on rank (rank="" and node="" for a job-wide finding); ``node_of`` names a rank's
-    node. Shared by the node endpoints and ``auditor serve``."""
+    can join on rank (rank="" and node="" for a job-wide finding), and each fix as
+    ``auditor_finding_fix_info`` (:func:`add_fixes`); ``node_of`` names a rank's node. Shared by
+    the node endpoints and ``auditor serve``."""
+    add_fixes(out, job, findings, node_of)
     for finding in findings:
         blamed: tuple[int | None, ...] = finding.ranks or (None,)
         for r in blamed:
@@ -236,6 +241,95 @@ def add_findings(
                     {C.JOB_LABEL: job, "kind": finding.kind, "rank": rank_label},
                     finding.predicted_speedup,
                 )
+
+
+# A fix's words are a label value: long enough for every rule's change to a rank, bounded so a
+# label never grows without limit. Values (current, proposed) are shorter still.
+FIX_WORDS_MAX = 400
+FIX_VALUE_MAX = 40
+
+
+def add_fixes(
+    out: SeriesSet, job: str, findings: Sequence[Finding], node_of: Callable[[int], str]
+) -> None:
+    """``auditor_finding_fix_info``: one series per (finding kind, rank, lever), the first fix
+    the rule lists winning (a rule lists its preferred change first), with the rank's change in
+    words as ``fix`` (the words of :func:`auditor.report.phrasing.phrase`, the ones the verdict
+    prints). A fix on a GPU no rank owns has rank="" and node="", and the finding's GPU note as
+    its words. So a Grafana table or an alert's annotation reads what to change on which rank
+    from Prometheus alone."""
+    seen: set[tuple[str, str, str]] = set()
+    for finding in findings:
+        if not finding.fixes:
+            continue
+        words = _fix_words(finding)
+        for fix in finding.fixes:
+            rank = "" if fix.rank is None else str(fix.rank)
+            key = (finding.kind, rank, fix.lever)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.add(
+                C.FINDING_FIX_INFO,
+                {
+                    C.JOB_LABEL: job,
+                    "kind": finding.kind,
+                    "rank": rank,
+                    "node": "" if fix.rank is None else node_of(fix.rank),
+                    "lever": fix.lever,
+                    "current": _fix_value(fix.current),
+                    "proposed": _fix_value(fix.proposed),
+                    "fix": _short(words.get(fix.rank, ""), FIX_WORDS_MAX),
+                },
+                1,
+            )
+
+
+# Each finding's words, by identity: a scrape renders the same published findings as the one
+# before it until the next verdict, so each finding is phrased once. The finding is held with
+# its words (its id cannot be reused meanwhile); the cache is emptied when full.
+_WORDS: dict[int, tuple[Finding, dict[int | None, str]]] = {}
+_WORDS_MAX = 8192
+
+
+def _fix_words(finding: Finding) -> dict[int | None, str]:
+    """The change to make per blamed rank in words; under None, the change to a GPU no rank
+    owns. Nothing where the finding's facts have no wording (a finding built by hand)."""
+    hit = _WORDS.get(id(finding))
+    if hit is not None and hit[0] is finding:
+        return hit[1]
+    words = _phrase_fixes(finding)
+    if len(_WORDS) >= _WORDS_MAX:
+        _WORDS.clear()
+    _WORDS[id(finding)] = (finding, words)
+    return words
+
+
+def _phrase_fixes(finding: Finding) -> dict[int | None, str]:
+    try:
+        said = phrase(finding)
+    except TypeError:  # facts of a type no phrasing module words: the fix keeps its values
+        return {}
+    words: dict[int | None, str] = {rank: text for rank, text in said.fixes.items()}
+    note = said.notes.get("fix")
+    if isinstance(note, str):
+        words[None] = note
+    return words
+
+
+def _fix_value(value: Value) -> str:
+    """A fix's current or proposed value as a short label value ("" where it is not one)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return _flag(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return _short(str(value), FIX_VALUE_MAX)
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _MHZ = 1e6  # NVML reports clocks in MHz; the metrics are in hertz.
@@ -274,6 +368,40 @@ def _render_gpu(
             on = bool(active - known) if reason == "other" else reason in active
             out.add(C.GPU_THROTTLE_ACTIVE, {**labels, "reason": reason}, 1 if on else 0)
     out.add(C.GPU_PROCESSES, labels, len(sample.processes))
+
+
+def _render_owners(out: SeriesSet, state: ExportState, ranks: dict[int, RankInfo]) -> None:
+    """``auditor_gpu_owner_info``: each GPU a live rank reported using (its CUDA UUIDs), so a GPU
+    source other than the monitors (dcgm-exporter) joins to the rank by UUID."""
+    gpus = state.gpus
+    for slot in sorted(ranks):
+        info = ranks[slot]
+        for i, uuid in enumerate(info.device_uuids):
+            if not uuid:
+                continue
+            known = gpus.get(uuid)
+            index = info.devices[i] if i < len(info.devices) else None
+            if index is None and known is not None:
+                index = known.index
+            out.add(
+                C.GPU_OWNER_INFO,
+                {
+                    "node": info.host or state.node,
+                    "gpu": "" if index is None else str(index),
+                    "uuid": uuid,
+                    "model": _model(known),
+                    C.JOB_LABEL: info.job or state.job,
+                    "rank": str(info.rank),
+                    "local_rank": str(info.local_rank),
+                },
+                1,
+            )
+
+
+def _model(gpu: GpuStatus | None) -> str:
+    if gpu is None:
+        return ""
+    return gpu.model or (gpu.sample.model if gpu.sample is not None else "")
 
 
 def _scaled(value: float | None, factor: float) -> float | None:

@@ -31,9 +31,9 @@ ALERT_GROUP = "auditor-alerts"
 # training job in ``auditor_job``, which a default scrape config leaves alone).
 NODES_SCRAPE_JOB = "auditor-nodes"
 SERVE_SCRAPE_JOB = "auditor-serve"
-# The analysis service's JSON for one job (auditor/service/http.py): its findings, evidence and
-# per-rank fixes, where the alerts send the reader for the change to make.
-SERVE_JOB_PATH = "/api/v1/jobs/"
+# A scrape job name a setting may give: what a Prometheus job name holds in practice (a
+# prometheus-operator PodMonitor's is ``namespace/name``), and nothing a regex would read.
+SCRAPE_JOB_NAME = re.compile(r"^[A-Za-z0-9_:/-]+$")
 
 # --- thresholds (documented defaults) -------------------------------------------------------------
 # A job holding this many GPUs on one node is a multi-GPU allocation worth auditing; one GPU that
@@ -99,17 +99,59 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-# Where an annotation sends the reader for the job's findings, evidence and per-rank fixes.
-_SERVE_JOB = f"GET {SERVE_JOB_PATH}{_label('auditor_job')} on `auditor serve`"
+def _fixes(matchers: str, args: str, line: str, none: str) -> str:
+    """A template listing the fixes ``auditor_finding_fix_info`` holds for the series the alert
+    names: ``matchers`` (``auditor_job=%q,rank=%q``) filled from the alert's labels ``args``;
+    ``line`` words one fix (``.Labels.rank``, ``.Labels.kind``, ``.Labels.fix``), ``none`` is
+    said where there is none. Serve and a live run's endpoint export the same fix: ``max by``
+    folds them."""
+    query = f"max by (rank, kind, fix) ({C.FINDING_FIX_INFO.name}{{{matchers}}})"
+    return (
+        f'{{{{ with printf "{query}" {args} | query | sortByLabel "rank" }}}}'
+        f"{{{{ range $i, $f := . }}}}{{{{ if $i }}}} {{{{ end }}}}{line}{{{{ end }}}}"
+        f"{{{{ else }}}}{none}{{{{ end }}}}"
+    )
+
+
+_NO_FIX = "No fix is exported yet (auditor serve, or the run's endpoint, not scraped)."
+# The change to make on the alert's rank, from any finding that blames it.
+_RANK_FIX = _fixes(
+    "auditor_job=%q,rank=%q",
+    "$labels.auditor_job $labels.rank",
+    "{{ $f.Labels.fix }} ({{ $f.Labels.kind }}).",
+    _NO_FIX,
+)
+# The changes to make on each blamed rank of the alert's job (on its node, where it names one).
+_JOB_FIXES = _fixes(
+    "auditor_job=%q",
+    "$labels.auditor_job",
+    "Rank {{ $f.Labels.rank }} ({{ $f.Labels.kind }}): {{ $f.Labels.fix }}.",
+    _NO_FIX,
+)
+_NODE_FIXES = _fixes(
+    "auditor_job=%q,node=%q",
+    "$labels.auditor_job $labels.node",
+    "Rank {{ $f.Labels.rank }} ({{ $f.Labels.kind }}): {{ $f.Labels.fix }}.",
+    _NO_FIX,
+)
+# The change the alert's finding proposes (rank empty: a GPU no rank owns).
+_FINDING_FIX = _fixes(
+    "auditor_job=%q,kind=%q,rank=%q",
+    "$labels.auditor_job $labels.kind $labels.rank",
+    "{{ $f.Labels.fix }}",
+    _NO_FIX,
+)
 
 
 @dataclass(frozen=True)
 class AlertRule:
     """One alert: name, PromQL, ``for:`` duration, severity label and annotation templates.
 
-    ``summary`` and ``description`` are Prometheus templates (``{{ $labels.x }}``,
-    ``{{ $value }}``); ``doc`` is for people reading this module: the threshold and why the
-    ``for:`` is what it is.
+    ``summary``, ``description`` and ``fix`` are Prometheus templates (``{{ $labels.x }}``,
+    ``{{ $value }}``, ``query``); ``fix``, where set, is the change to make on the rank (or each
+    blamed rank of the job) the alert names, read from ``auditor_finding_fix_info``, and the
+    description ends with it, so a page says what to change. ``doc`` is for people reading this
+    module: the threshold and why the ``for:`` is what it is.
     """
 
     name: str
@@ -119,6 +161,7 @@ class AlertRule:
     summary: str
     description: str
     doc: str
+    fix: str = ""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -133,7 +176,11 @@ class AlertRule:
             "expr": self.expr,
             "for": self.for_,
             "labels": {"severity": self.severity},
-            "annotations": {"summary": self.summary, "description": self.description},
+            "annotations": {
+                "summary": self.summary,
+                "description": self.description + (f" {self.fix}" if self.fix else ""),
+                **({"fix": self.fix} if self.fix else {}),
+            },
         }
 
 
@@ -151,8 +198,9 @@ UNDERUSED_MULTI_GPU_NODE = AlertRule(
         f" {_PCT} of the time (mean of the last 5 minutes, threshold"
         f" {_pct(UNDERUSED_UTILIZATION)}) for"
         f" {UNDERUSED_FOR}. The node's GPUs wait for something else: data, the host or one slow"
-        f" rank. The job's findings name the rank and the change: {_SERVE_JOB}."
+        " rank. What to change:"
     ),
+    fix=_NODE_FIXES,
     doc=(
         f"Fires when a job holding >= {UNDERUSED_MIN_GPUS} GPUs on one node keeps their mean"
         f" 5-minute busy time below {UNDERUSED_UTILIZATION}. The 5-minute average already smooths"
@@ -175,9 +223,10 @@ GPU_UTILIZATION_SPREAD = AlertRule(
         f"The busiest and the idlest GPU of job {_label('auditor_job')} differ by {_PCT} of"
         " 5-minute busy"
         f" time (threshold {_pct(SPREAD_UTILIZATION)}) for {SPREAD_FOR}. Look at the batch split,"
-        " the data path of the idle GPUs' ranks and whether one device is slower; the job's"
-        f" findings name the rank that holds the others back: {_SERVE_JOB}."
+        " the data path of the idle GPUs' ranks and whether one device is slower. What to"
+        " change:"
     ),
+    fix=_JOB_FIXES,
     doc=(
         f"Fires when the 5-minute busy time of one job's GPUs spreads by more than"
         f" {SPREAD_UTILIZATION} while the job holds >= {SPREAD_MIN_GPUS} live GPUs (with one"
@@ -207,9 +256,9 @@ DATA_STARVED_RANK = AlertRule(
         f" spent {_PCT} of"
         f" its step time waiting for the DataLoader (threshold {_pct(DATA_WAIT_RATIO)}) for"
         f" {DATA_STARVED_FOR}. More num_workers (within the node's free cores), pin_memory and"
-        " persistent_workers keep batches ready; the data_starvation finding gives the rank's"
-        f" exact change: {_SERVE_JOB}."
+        f" persistent_workers keep batches ready. What to change on rank {_label('rank')}:"
     ),
+    fix=_RANK_FIX,
     doc=(
         f"Fires when a live rank (auditor_rank_up 1) spends more than {DATA_WAIT_RATIO} of its"
         f" step time in data_wait (1-minute rates). {DATA_STARVED_FOR}: five one-minute windows"
@@ -236,9 +285,10 @@ IDLE_ALLOCATED_GPU = AlertRule(
         f" owned by rank {_label('rank')} of job {_label('auditor_job')}, was at most {_PCT}"
         " busy over"
         f" the last {IDLE_WINDOW} (threshold {_pct(IDLE_UTILIZATION)}) for {IDLE_FOR}. The job"
-        " holds a GPU it does not use: check the rank's device placement (the idle_device"
-        f" finding: {_SERVE_JOB})."
+        " holds a GPU it does not use: check the rank's device placement. What to change on"
+        f" rank {_label('rank')}:"
     ),
+    fix=_RANK_FIX,
     doc=(
         f"Fires when every utilisation sample of a GPU some rank owns stayed below"
         f" {IDLE_UTILIZATION} for {IDLE_WINDOW} while its monitor answers. A GPU without"
@@ -250,28 +300,58 @@ IDLE_ALLOCATED_GPU = AlertRule(
     ),
 )
 
-EXPORTER_DOWN = AlertRule(
-    name="AuditorExporterDown",
-    expr=f'up{{job=~"{NODES_SCRAPE_JOB}|{SERVE_SCRAPE_JOB}"}} == 0',
-    for_=EXPORTER_DOWN_FOR,
-    severity="critical",
-    # Node endpoints carry the Ray node's name from the service discovery file; the service none.
-    summary=(
-        f"Auditor endpoint {_label('instance')} ({_label('job')}"
-        f"{{{{ if $labels.node }}}}, node {_label('node')}{{{{ end }}}}) is down"
-    ),
-    description=(
-        f"Prometheus could not scrape {_label('instance')} of scrape job {_label('job')} for"
-        f" {EXPORTER_DOWN_FOR}. Its GPU and rank metrics (or the analysis service's findings) are"
-        " missing, so the other auditor alerts are blind there. Check the node agent or"
-        " `auditor serve` process and the address in the service discovery file."
-    ),
-    doc=(
-        "Fires on the scrape targets of the auditor's own scrape jobs. Critical because every"
-        f" other alert is blind while it lasts; {EXPORTER_DOWN_FOR} lets a node agent or the"
-        " service restart without paging."
-    ),
-)
+# How far back AuditorExporterDown looks for the node a down endpoint served (its last
+# auditor_node_cpu_cores series): an endpoint down longer than this loses its node label, and the
+# alert its node inhibition.
+ENDPOINT_NODE_MEMORY = "1d"
+
+
+def exporter_down(
+    nodes_job: str = NODES_SCRAPE_JOB, serve_job: str = SERVE_SCRAPE_JOB
+) -> AlertRule:
+    """AuditorExporterDown for the scrape jobs named ``nodes_job`` (node endpoints: ``auditor
+    fleet``'s agents, ``auditor run --sd-file``) and ``serve_job`` (``auditor serve``): settings
+    of the generated rules, since an operator's Prometheus names its own jobs."""
+    for name in (nodes_job, serve_job):
+        if not SCRAPE_JOB_NAME.match(name):
+            raise ValueError(f"scrape job name {name!r}: use letters, digits and _ : / - only")
+    return AlertRule(
+        name="AuditorExporterDown",
+        # A file-SD target carries no node label of its own (it would rename the series' node to
+        # exported_node): the node comes from the endpoint's last node series, so the alert
+        # names it and Alertmanager's inhibition by node holds. `or on` keeps the endpoints that
+        # never served one (auditor serve, a target that never answered) without it; topk keeps
+        # one node per endpoint (a renamed node must not make the match ambiguous).
+        expr=(
+            f'(up{{job=~"{nodes_job}|{serve_job}"}} == 0)'
+            f" + on (instance, job) group_left (node) (0 * topk by (instance, job) (1,"
+            f" last_over_time({C.NODE_CPU_CORES.name}[{ENDPOINT_NODE_MEMORY}])))"
+            f' or on (instance, job) (up{{job=~"{nodes_job}|{serve_job}"}} == 0)'
+        ),
+        for_=EXPORTER_DOWN_FOR,
+        severity="critical",
+        # A node endpoint is named by the node its last series carried; the service by none.
+        summary=(
+            f"Auditor endpoint {_label('instance')} ({_label('job')}"
+            f"{{{{ if $labels.node }}}}, node {_label('node')}{{{{ end }}}}) is down"
+        ),
+        description=(
+            f"Prometheus could not scrape {_label('instance')} of scrape job {_label('job')} for"
+            f" {EXPORTER_DOWN_FOR}. Its GPU and rank metrics (or the analysis service's"
+            " findings) are missing, so the other auditor alerts are blind there. Check the node"
+            " agent or `auditor serve` process and the address in the service discovery file."
+        ),
+        doc=(
+            "Fires on the scrape targets of the auditor's own scrape jobs. Critical because every"
+            f" other alert is blind while it lasts; {EXPORTER_DOWN_FOR} lets a node agent or the"
+            " service restart without paging. A node endpoint's alert carries the node its"
+            f" series named within {ENDPOINT_NODE_MEMORY} (Alertmanager silences that node's"
+            " other alerts by it)."
+        ),
+    )
+
+
+EXPORTER_DOWN = exporter_down()
 
 GPU_MONITOR_DOWN = AlertRule(
     name="AuditorGpuMonitorDown",
@@ -389,8 +469,9 @@ CRITICAL_FINDING = AlertRule(
         "Applying its fixes is predicted to speed the job up"
         ' {{ . | first | value | printf "%.2f" }}x. '
         "{{ end }}"
-        f"The evidence and the change to make: {_SERVE_JOB}."
+        "What to change{{ if $labels.rank }} on rank {{ $labels.rank }}{{ end }}:"
     ),
+    fix=_FINDING_FIX,
     doc=(
         "Fires on any critical finding (from `auditor serve` or a live run's node endpoint)."
         f" {CRITICAL_FINDING_FOR}: the service re-evaluates every job continuously, and a finding"
@@ -414,12 +495,28 @@ ALERT_RULES: tuple[AlertRule, ...] = (
 BY_NAME: dict[str, AlertRule] = {a.name: a for a in ALERT_RULES}
 
 
-def rules_document() -> dict[str, Any]:
+def alert_rules(
+    nodes_job: str = NODES_SCRAPE_JOB, serve_job: str = SERVE_SCRAPE_JOB
+) -> tuple[AlertRule, ...]:
+    """:data:`ALERT_RULES` for an operator's scrape job names (the defaults: deploy/'s)."""
+    down = exporter_down(nodes_job, serve_job)
+    return tuple(down if a.name == down.name else a for a in ALERT_RULES)
+
+
+def rules_document(
+    nodes_job: str = NODES_SCRAPE_JOB, serve_job: str = SERVE_SCRAPE_JOB
+) -> dict[str, Any]:
     """The rules file as data: the recording group (in dependency order), then the alerts."""
     return {
         "groups": [
             {"name": RECORDING_GROUP, "rules": [r.to_dict() for r in R.RECORDING_RULES]},
-            {"name": ALERT_GROUP, "rules": [a.to_dict() for a in ALERT_RULES]},
+            {
+                "name": ALERT_GROUP,
+                "rules": [a.to_dict() for a in alert_rules(nodes_job, serve_job)],
+            },
+            # dcgm-exporter's GPU series as auditor_gpu_* (R.DCGM_RULES: a fleet without it
+            # records nothing here).
+            {"name": R.DCGM_GROUP, "rules": [r.to_dict() for r in R.DCGM_RULES]},
         ]
     }
 
@@ -444,10 +541,10 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def render_rules() -> str:
+def render_rules(nodes_job: str = NODES_SCRAPE_JOB, serve_job: str = SERVE_SCRAPE_JOB) -> str:
     """The rules file's text: header comment and YAML in a stable key order, deterministic."""
     body = yaml.dump(
-        rules_document(),
+        rules_document(nodes_job, serve_job),
         Dumper=_Dumper,
         sort_keys=False,
         default_flow_style=False,

@@ -305,7 +305,7 @@ class Stat(Panel):
 
 @dataclass(frozen=True, kw_only=True)
 class Text(Panel):
-    """Markdown text; Grafana interpolates dashboard variables (``${serve_url}``) in it."""
+    """Markdown text; Grafana interpolates dashboard variables (``${job}``) in it."""
 
     type: ClassVar[str] = "text"
 

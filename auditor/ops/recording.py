@@ -136,3 +136,86 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
 )
 
 RECORDED: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
+
+
+# --- dcgm-exporter's series under the auditor's names --------------------------------------------
+# Where a node runs dcgm-exporter instead of the auditor's monitors, these rules record its device
+# series as the ``auditor_gpu_*`` metrics (the auditor's units and labels: node, gpu, uuid, model,
+# and auditor_job/rank of the rank that reported using the GPU), so the dashboards and the alerts
+# above read either source. A GPU the auditor's monitors export (a scraped ``auditor_gpu_up``,
+# which has a ``job`` label; recorded series have none) is left to them. A GPU a rank uses takes
+# the rank's node; a GPU no rank uses keeps dcgm-exporter's ``Hostname`` as its node.
+DCGM_GROUP = "auditor-dcgm"
+_dcgm_owner = (
+    f"topk by (uuid) (1, max by (uuid, {C.JOB_LABEL}, rank, node) ({C.GPU_OWNER_INFO.name}))"
+)
+_dcgm_scraped = f'{_gpu_up}{{job!=""}}'
+
+
+def _dcgm(expr: str, scale: float = 1.0) -> str:
+    """``expr`` (of dcgm-exporter's series) per GPU with the auditor's labels and owner."""
+    from auditor.metrics.dcgm import with_auditor_labels
+
+    gpu = f"max by (node, gpu, uuid, model) ({with_auditor_labels(expr)})"
+    if scale != 1.0:
+        gpu = f"{gpu} * {scale!r}"
+    return (
+        f"(({gpu}) * on (uuid) group_left ({C.JOB_LABEL}, rank, node) {_dcgm_owner}"
+        f" or on (uuid) ({gpu})) unless on (uuid) {_dcgm_scraped}"
+    )
+
+
+def _dcgm_rules() -> tuple[RecordingRule, ...]:
+    from auditor.metrics import dcgm as D
+
+    xid, util = "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_UTIL"
+    rules = [
+        RecordingRule(_gpu_up, _dcgm(f"{xid} * 0 + 1"), "1 for every GPU dcgm-exporter reports."),
+        RecordingRule(
+            C.GPU_LAST_SAMPLE_TIMESTAMP_SECONDS.name,
+            _dcgm(f"timestamp({util})"),
+            "Time of the GPU's latest dcgm-exporter sample.",
+        ),
+        RecordingRule(
+            C.GPU_LOST.name,
+            _dcgm(f"{xid} == bool {D.XID_FALLEN_OFF_BUS}"),
+            "1 when the GPU's last XID error is 79 (fallen off the bus).",
+        ),
+        RecordingRule(
+            C.GPU_MEMORY_TOTAL_BYTES.name,
+            _dcgm("DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE", D.MIB),
+            "Framebuffer used plus free, in bytes.",
+        ),
+    ]
+    for field in D.FIELDS:
+        if field.auditor == C.GPU_SM_CLOCK_MAX_HERTZ.name:
+            # The model's peak clock where DCGM_FI_DEV_MAX_SM_CLOCK is not exported.
+            rules.append(
+                RecordingRule(
+                    field.auditor, _dcgm(D.sm_clock_max(), D.MHZ), D.sm_clock_max.__doc__ or ""
+                )
+            )
+        elif field.auditor:
+            rules.append(
+                RecordingRule(
+                    field.auditor,
+                    _dcgm(field.name, field.scale),
+                    f"{field.name} in the auditor's unit.",
+                )
+            )
+    reasons = '{__name__=~"' + "|".join(D.THROTTLE_FIELDS) + '"}'
+    rules.append(
+        RecordingRule(
+            C.GPU_THROTTLE_ACTIVE.name,
+            " or ".join(
+                f'label_replace({_dcgm(f"floor({reasons} / {bit}) % 2")}, "reason", "{reason}",'
+                ' "", "")'
+                for reason, bit in D.REASON_BITS.items()
+            ),
+            "Each clock-event reason's bit of dcgm-exporter's throttle reasons bitmask.",
+        )
+    )
+    return tuple(rules)
+
+
+DCGM_RULES: tuple[RecordingRule, ...] = _dcgm_rules()

@@ -21,6 +21,19 @@ loop's own Python, logging, framework bookkeeping) is ``StepSample.other_s``. Tw
   communication hook (last bucket ready -> last all-reduce done); that wait, on the host clock,
   is carved out of backward when the step is resolved.
 
+Named work outside the training phases (``StepSample.outside``). The probe opens an *outside*
+region around work it can name: ``checkpoint`` (``torch.save``, ``torch.distributed.checkpoint``'s
+``save``/``async_save``) and ``evaluation`` (from ``model.eval()`` to ``model.train()`` on the
+training model). An outside region is a counted phase on the same stack, so it is exclusive with
+the training phases like any other: the innermost takes the time. Inside it the training phases
+open uncounted (an evaluation's forward and its loader's waits are the evaluation's cost: not
+forward, not the training step's data wait, and its batches are not the step's), except
+collectives: a wait is a wait wherever it happens (a metric all-reduce inside an evaluation, the
+plan exchange of a distributed checkpoint). Work named inside a phase (a framework callback that
+saves inside ``optimizer.step``) is the named work, not the phase: the innermost wins. Named
+time is thus part of the step's ``other_s`` (never of its phases) and is never counted twice;
+nested regions (a ``torch.save`` inside an evaluation) book to the innermost.
+
 Data wait is on the host clock (a device timer says nothing about a host-side wait); where the
 loop asks for a batch inside another phase (a ``dataloader_iter`` training step inside the
 optimizer's closure) the enclosing phase is split around it all the same.
@@ -55,6 +68,10 @@ from typing import Any, Protocol
 from auditor.samples import StepSample
 
 PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_COLLECTIVE, PHASE_DATA = range(6)
+# Named work outside the training phases (its name on the stack entry and the span).
+PHASE_OUTSIDE = 6
+# The named work that ends where training resumes (see ``StepClock.outside_begin``).
+EVALUATION = "evaluation"
 _N_TIMED = 5  # phases whose spans the timer measures (data wait is on the host clock)
 # The name the DDP gradient all-reduce wait has in ``StepSample.collective_ops``.
 DDP_ALLREDUCE = "ddp_allreduce"
@@ -215,6 +232,11 @@ class StepClock:
         # Inside a DDP communication hook: collectives called there are the gradient all-reduce,
         # timed by the hook's own window (never twice).
         self.hook_depth = 0
+        # Open outside regions (named work): the training phases inside them are not counted.
+        self._outside_depth = 0
+        # A backward or an optimizer step ended an evaluation: the script trains in eval mode
+        # (frozen batch norm, no dropout); no evaluation is named until the model trains again.
+        self.trains_in_eval = False
         self._reset(None)
 
     def use(
@@ -243,6 +265,7 @@ class StepClock:
         self._cw_seen = False
         self._coll_seen = False
         self._in_data = False
+        self._data_outside = False
         self._data_marks: list[tuple[Any, Any]] = []
         self._cw_mark: Any = None
         self._bwd_end: Any = None
@@ -287,6 +310,8 @@ class StepClock:
             for entry in stack[i:]:
                 if entry[1] and entry[0] == PHASE_BACKWARD:
                     self._backward_depth -= 1
+                elif entry[0] == PHASE_OUTSIDE:
+                    self._outside_depth -= 1
             del stack[i:]
             # The enclosing counted phase (if any) goes on from here.
             top = i - 1
@@ -320,6 +345,10 @@ class StepClock:
             self._close(t)
         if self._start is None:
             self._start = t
+        if self._outside_depth:
+            # An evaluation loop's loader: its wait is the evaluation's, not the step's data.
+            self._data_outside = True
+            return t
         if self._dev:
             # Right after a close, the step's boundary mark is this wait's first mark too.
             m = self._start_mark if closed and self._start_mark is not None else self.timer.mark()
@@ -333,6 +362,9 @@ class StepClock:
 
     def data_end(self, began: float, batch_size: int | None, cpu_s: float | None = None) -> None:
         self.saw_loader = True
+        if self._data_outside:
+            self._data_outside = False
+            return
         self._in_data = False
         self._data_wait += self._now() - began
         if self._data_open is not None:
@@ -352,7 +384,7 @@ class StepClock:
         """The loop copies its batch to the device (``Tensor.to`` and kin, batch in hand)."""
         if self._start is None:
             self._begin()
-        self._open(PHASE_H2D)
+        self._open(PHASE_H2D, counted=not self._outside_depth)
 
     def h2d_end(self) -> None:
         self._close_phase(PHASE_H2D)
@@ -361,7 +393,7 @@ class StepClock:
         if self._start is None:
             self._begin()
         # A forward inside backward is activation checkpointing's recompute: backward's cost.
-        self._open(PHASE_FORWARD, counted=self._backward_depth == 0)
+        self._open(PHASE_FORWARD, counted=self._backward_depth == 0 and not self._outside_depth)
 
     def forward_end(self) -> None:
         self._close_phase(PHASE_FORWARD)
@@ -369,8 +401,10 @@ class StepClock:
     def backward_begin(self) -> None:
         if self._start is None:
             self._begin()
+        if self._outside_depth:
+            self._training_resumes()
         self.updates += 1
-        self._open(PHASE_BACKWARD)
+        self._open(PHASE_BACKWARD, counted=not self._outside_depth)
 
     def backward_end(self) -> None:
         self._close_phase(PHASE_BACKWARD)
@@ -378,8 +412,10 @@ class StepClock:
     def optimizer_begin(self) -> None:
         if self._start is None:
             self._begin()
+        if self._outside_depth:
+            self._training_resumes()
         self.updates += 1
-        self._open(PHASE_OPTIMIZER)
+        self._open(PHASE_OPTIMIZER, counted=not self._outside_depth)
 
     def optimizer_end(self) -> None:
         self._close_phase(PHASE_OPTIMIZER)
@@ -399,6 +435,36 @@ class StepClock:
 
     def collective_end(self) -> None:
         self._close_phase(PHASE_COLLECTIVE)
+
+    def outside_begin(self, name: str) -> None:
+        """Named work outside the training phases starts (a checkpoint save, an evaluation).
+        An evaluation that turns out to train (a backward or an optimizer step inside it) ends
+        there: the model trains in eval mode."""
+        if self._start is None:
+            self._begin()
+        self._outside_depth += 1
+        self._open(PHASE_OUTSIDE, name)
+
+    def outside_end(self) -> None:
+        self._close_phase(PHASE_OUTSIDE)
+
+    @property
+    def evaluating(self) -> bool:
+        """An evaluation region is open."""
+        return any(e[0] == PHASE_OUTSIDE and e[2] == EVALUATION for e in self._stack)
+
+    def _training_resumes(self) -> None:
+        """A backward or an optimizer step inside an evaluation: it was no evaluation (a script
+        that trains with the model in eval mode); it ends here, and the training phases count."""
+        inner = next((e for e in reversed(self._stack) if e[0] == PHASE_OUTSIDE), None)
+        if inner is not None and inner[2] == EVALUATION:
+            self._close_phase(PHASE_OUTSIDE)
+            self.trains_in_eval = True
+
+    @property
+    def outside(self) -> bool:
+        """Inside named outside work."""
+        return self._outside_depth > 0
 
     def bucket_launched(self) -> float:
         """A gradient bucket is ready on this rank and its all-reduce starts (comm hook)."""
@@ -500,8 +566,13 @@ class StepClock:
     def _sample(self, rank: int, p: PendingStep, rss_bytes: int | None) -> StepSample:
         phases = [0.0] * _N_TIMED
         ops: dict[str, float] = {}
+        outside: dict[str, float] = {}
         for phase, a, b, name in p.spans:
             d = self.timer.elapsed(a, b)
+            if phase == PHASE_OUTSIDE:
+                key = name or "outside"
+                outside[key] = outside.get(key, 0.0) + d
+                continue
             phases[phase] += d
             if phase == PHASE_COLLECTIVE:
                 key = name or "collective"
@@ -540,4 +611,5 @@ class StepClock:
             data_cpu_s=p.data_cpu_s,
             collective_ops=ops if measured else None,
             micro_batches=p.micro_batches,
+            outside=outside or None,
         )

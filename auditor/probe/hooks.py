@@ -1,11 +1,9 @@
-"""The probe that times an unmodified training script from inside its process.
+"""Attaching the probe to an unmodified training script, from inside its process.
 
-The ``Probe`` (step clock, rank identity, sink, model discovery) and ``attach``; the torch patches
-it installs are in ``auditor.probe.patches``, one module per patch (data loading, forward,
-backward, optimizer, DDP comm hook, DataParallel, collectives, host-to-device copies).
-
-FSDP (``fully_shard``'s ``FSDPModule``, or ``FullyShardedDataParallel``) is recognised by its
-class when the root module is first called; that root is the model.
+:func:`attach` makes the rank's :class:`~auditor.probe.probe.Probe` and installs the torch
+patches it installs (``auditor.probe.patches``, one module per patch: data loading, forward,
+backward, optimizer, DDP comm hook, DataParallel, collectives, host-to-device copies, and the
+named work outside the phases: checkpoint saves, evaluation).
 
 Everything is wrapped in ``try``: if a hook cannot attach, the job runs untouched and the phase
 is reported as not measured.
@@ -13,353 +11,21 @@ is reported as not measured.
 
 from __future__ import annotations
 
-import atexit
 import os
-import socket
 import sys
-import threading
-import weakref
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from auditor.samples import OFF_THREAD_COLLECTIVES, LoaderConfig, RankInfo
-
-from .clock import CpuTimer, CudaTimer, StepClock
-from .memory import ACTIVATIONS_EVERY, MemoryMeter
 from .patches.backward import hook_backward
+from .patches.checkpoint import hook_checkpoint
 from .patches.collectives import hook_collectives
-from .patches.dataloader import batch_size_of, hook_dataloader
+from .patches.dataloader import hook_dataloader
 from .patches.dataparallel import hook_dataparallel
 from .patches.ddp import hook_ddp
+from .patches.evaluation import hook_evaluation
 from .patches.forward import hook_forward
 from .patches.h2d import hook_h2d
 from .patches.optimizer import hook_optimizer
-from .sink import Sink, memory_message, step_message
-
-_DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
-_N = TypeVar("_N", int, float)
-
-
-def _script_name() -> str:
-    name = os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0]
-    return name if name and name != "-c" else "python"
-
-
-def _env_number(name: str, default: _N, kind: Callable[[str], _N]) -> _N:
-    """A number the probe reads from the environment. A wrong one stops the probe (not the
-    job), and the reason the run reports names the variable, not just the text."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name}={raw!r} is not {what}") from None
-
-
-def default_sink_path() -> str:
-    """Where a fleet node agent listens when no launcher set ``AUDITOR_SINK``."""
-    return os.path.join(_DEFAULT_SINK_DIR.format(uid=os.getuid()), "sink.sock")
-
-
-class Probe:
-    """One per training process: the step clock, the rank's identity and the sink."""
-
-    def __init__(self, torch: Any, *, sink_path: str | None = None, job: str = "") -> None:
-        self.torch = torch
-        # Without a launcher's name (a job opted in with AUDITOR_PROBE under a fleet agent), the
-        # script's name, as `auditor run` names jobs by default.
-        self.job = job or os.environ.get("AUDITOR_JOB") or _script_name()
-        self.sink_path = sink_path or os.environ.get("AUDITOR_SINK") or default_sink_path()
-        self.enabled = True
-        self.active = False
-        self._known_group: tuple[int, int] | None = None
-        self.parallel_mode = "none"
-        self.devices: tuple[int, ...] = ()
-        self.device = "cpu"
-        self.loader: LoaderConfig | None = None
-        self.worker_pids: tuple[int, ...] = ()
-        # The DataLoader whose batches train (see patches/dataloader.py), and the step of its last
-        # batch; None until one has trained.
-        self.train_loader: weakref.ref[Any] | None = None
-        self.train_loader_step = 0
-        self.unmeasured: set[str] = set()
-        # Collectives called on another thread than the training loop's: counted, not timed.
-        self.off_thread_collectives = 0
-        self._off_thread_lock = threading.Lock()
-        self.device_uuids: tuple[str, ...] = ()
-        self._info_sent: dict[str, Any] | None = None
-        self._workers_sent: tuple[int, ...] | None = None
-        self.model: Any = None
-        self._discover_steps = _env_number("AUDITOR_PROBE_DISCOVER_STEPS", 3, int)
-        self._global_fwd: list[Any] = []
-        self._fwd_depth = 0
-        self._model_hooks: list[Any] = []
-        self._lock = threading.Lock()
-        # The thread the training loop runs on (where the model's forward runs); the collective
-        # and copy timers ignore every other thread (DataLoader pinning, DDP's autograd threads).
-        self.tid = threading.get_ident()
-        self._coll_depth = 0  # inside a timed collective: nested ones are part of it
-        self._h2d_open = False
-        self._h2d_swap: Callable[[bool], None] | None = None
-        # CPU clock until the first training event shows whether this process trains on CUDA.
-        self.clock = StepClock(rank=self.rank, timer=CpuTimer())
-        # The memory budget (auditor.probe.memory): on unless AUDITOR_PROBE_MEMORY=0.
-        self.memory: MemoryMeter | None = None
-        if os.environ.get("AUDITOR_PROBE_MEMORY", "1") != "0":
-            self.memory = MemoryMeter(
-                torch,
-                rank=self.rank,
-                device=lambda: self.device,
-                activations_every=_env_number("AUDITOR_PROBE_MEMORY_EVERY", ACTIVATIONS_EVERY, int),
-            )
-        self.sink = Sink(
-            self.sink_path,
-            collect=self._collect,
-            hello=self._hello,
-            interval_s=_env_number("AUDITOR_PROBE_FLUSH_S", 0.5, float),
-        )
-
-    # --- identity ------------------------------------------------------------------------------
-    def _cuda_in_use(self) -> bool:
-        """CUDA initialised by the script itself: a GPU host running a CPU job stays on the host
-        clock, and the probe never creates a CUDA context of its own."""
-        try:
-            c = self.torch.cuda
-            return bool(c.is_available() and c.is_initialized())
-        except Exception:
-            return False
-
-    def _dist(self) -> Any:
-        try:
-            d = self.torch.distributed
-            return d if d.is_available() and d.is_initialized() else None
-        except Exception:
-            return None
-
-    def _group(self) -> tuple[int, int] | None:
-        """(rank, world size) from the process group, kept once known: a script that ends with
-        ``destroy_process_group()`` still flushes its last steps, and a process started by
-        ``mp.spawn`` has no ``RANK`` to fall back on (they would be booked to rank 0)."""
-        d = self._dist()
-        if d is not None:
-            try:
-                self._known_group = (int(d.get_rank()), int(d.get_world_size()))
-            except Exception:
-                pass
-        return self._known_group
-
-    def rank(self) -> int:
-        group = self._group()
-        return group[0] if group else int(os.environ.get("RANK", "0"))
-
-    def world_size(self) -> int:
-        group = self._group()
-        return group[1] if group else int(os.environ.get("WORLD_SIZE", "1"))
-
-    def info(self) -> RankInfo:
-        return RankInfo(
-            rank=self.rank(),
-            world_size=self.world_size(),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            device=self.device,
-            parallel_mode=self.parallel_mode,
-            devices=self.devices,
-            device_uuids=self.device_uuids,
-            loader=self.loader,
-            unmeasured=tuple(sorted(self.unmeasured)),
-            job=self.job,
-            off_thread_collectives=self.off_thread_collectives,
-        )
-
-    def _hello(self) -> dict[str, Any]:
-        info = self.info().to_dict()
-        self._info_sent = info
-        self._workers_sent = None
-        if self.memory is not None:
-            self.memory.resend()
-        return {"type": "hello", "version": 1, "info": info}
-
-    def _collect(self) -> list[dict[str, Any]]:
-        msgs: list[dict[str, Any]] = []
-        info = self.info().to_dict()
-        if info != self._info_sent:
-            self._info_sent = info
-            msgs.append({"type": "info", "info": info})
-        if self.worker_pids != self._workers_sent:
-            self._workers_sent = self.worker_pids
-            msgs.append({"type": "workers", "pids": list(self.worker_pids)})
-        steps = self.clock.resolve(rss_bytes=_rss_bytes())
-        if steps:
-            msgs.append(step_message(self.rank(), steps))
-        budget = self.memory.take() if self.memory is not None else None
-        if budget is not None:
-            msgs.append(memory_message(budget))
-        return msgs
-
-    def _uuids(self) -> tuple[str, ...]:
-        """NVML UUIDs (``GPU-...``) of the devices this process drives, so the node agent can
-        tell which GPU is whose; empty where torch cannot say."""
-        try:
-            c = self.torch.cuda
-            indices = self.devices or (c.current_device(),)
-            out = []
-            for i in indices:
-                uuid = str(c.get_device_properties(i).uuid)
-                out.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
-            return tuple(out)
-        except Exception:
-            return ()
-
-    def _cuda_memory(self) -> tuple[int | None, int | None, int | None]:
-        """Allocated, reserved and peak allocated bytes, from one read of the allocator's
-        statistics: ``memory_allocated()`` and its kin each flatten every statistic into a new
-        dict, three of them a step cost more than the rest of the probe on a GPU."""
-        try:
-            stats = self.torch.cuda.memory.memory_stats_as_nested_dict()
-            allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
-            return int(allocated["current"]), int(reserved["current"]), int(allocated["peak"])
-        except Exception:
-            return (None, None, None)
-
-    # --- lifecycle -----------------------------------------------------------------------------
-    def activate(self) -> bool:
-        """Start the sink on the first training event of this process (not in launchers or
-        DataLoader workers, which import torch but never train)."""
-        if self.active:
-            return True
-        if not self.enabled:
-            return False
-        try:
-            if self.torch.utils.data.get_worker_info() is not None:
-                self.enabled = False
-                return False
-        except Exception:
-            pass
-        self.active = True
-        self.tid = threading.get_ident()
-        if self._cuda_in_use():
-            self.clock.use(CudaTimer(self.torch), memory=self._cuda_memory)
-            if self.device == "cpu":
-                self.device = f"cuda:{self.torch.cuda.current_device()}"
-            self.device_uuids = self._uuids()
-        self.sink.start()
-        atexit.register(self.shutdown)
-        return True
-
-    def shutdown(self) -> None:
-        if not self.active:
-            return
-        self.active = False
-        self.clock.flush_open()
-        self.sink.close(timeout_s=self._exit_wait_s())
-
-    def _exit_wait_s(self) -> float:
-        """How long a rank's exit may wait for its agent to take the last samples. A launcher
-        that named the sink has its agent coming (Ray may still be starting): wait for it. With
-        no launcher and no agent listening, do not hold the job's exit at all."""
-        if "AUDITOR_EXIT_WAIT_S" in os.environ:
-            return float(os.environ["AUDITOR_EXIT_WAIT_S"])
-        if os.environ.get("AUDITOR_SINK"):
-            return 15.0
-        return 2.0 if os.path.exists(self.sink_path) else 0.0
-
-    def off_thread_collective(self) -> None:
-        """A collective on another thread (a metric or checkpoint thread): its wait is not the
-        training step's, and the step clock is the training thread's alone. Counted, and the
-        rank says these collectives were not measured."""
-        with self._off_thread_lock:
-            self.off_thread_collectives += 1
-            self.unmeasured.add(OFF_THREAD_COLLECTIVES)
-
-    def mark_unmeasured(self, phase: str) -> None:
-        self.unmeasured.add(phase)
-        if phase == "collective_wait":
-            # The gradient all-reduce cannot be timed: a partial collective wait would read as
-            # measured, so the steps say "not measured" instead.
-            self.clock.collective_unmeasured = True
-
-    # --- the host-to-device window ---------------------------------------------------------------
-    def open_h2d(self) -> None:
-        """A batch is in hand: time the copy calls until the step's first forward."""
-        if not self._h2d_open and self._h2d_swap is not None:
-            self._h2d_swap(True)
-            self._h2d_open = True
-
-    def close_h2d(self) -> None:
-        if self._h2d_open and self._h2d_swap is not None:
-            self._h2d_swap(False)
-            self._h2d_open = False
-
-    def after_fork_in_child(self) -> None:
-        """A forked child (a DataLoader worker) must not report as the rank it was forked from."""
-        self.enabled = False
-        self.active = False
-        self.sink.abandon()
-
-    # --- model discovery ---------------------------------------------------------------------
-    def set_model(self, module: Any) -> None:
-        if self.model is module:
-            return
-        for h in self._model_hooks:
-            h.remove()
-        # First in, last out: FSDP's own pre-forward all-gather and post-forward reshard are
-        # inside the model's forward (their collective wait carved out of it).
-        self._model_hooks = [
-            module.register_forward_pre_hook(self._model_pre, prepend=True),
-            module.register_forward_hook(self._model_post, always_call=True),
-        ]
-        self.model = module
-        self._remove_global_forward()
-
-    def _remove_global_forward(self) -> None:
-        for h in self._global_fwd:
-            h.remove()
-        self._global_fwd = []
-
-    def _model_pre(self, module: Any, args: Any) -> None:
-        if self.enabled and (self.active or self.activate()):
-            self.tid = threading.get_ident()
-            if self._h2d_open:
-                self.close_h2d()
-            self.clock.forward_begin()
-            if self.memory is not None and not self.clock.in_backward:
-                self.memory.forward_begin(module, batch_size_of(args))
-
-    def _model_post(self, module: Any, args: Any, output: Any) -> None:
-        if self.active:
-            if self.memory is not None:
-                self.memory.forward_end()
-            self.clock.forward_end()
-
-    def _global_pre(self, module: Any, args: Any) -> None:
-        if self._fwd_depth == 0 and self.enabled and (self.active or self.activate()):
-            if self.model is None and self.clock.steps >= self._discover_steps:
-                self._remove_global_forward()
-            if not self.clock.in_backward:
-                self.tid = threading.get_ident()
-                if self.model is None and _is_fsdp(module):
-                    self.parallel_mode = "fsdp"  # known before its first forward ends
-            if self._h2d_open:
-                self.close_h2d()
-            self.clock.forward_begin()
-        self._fwd_depth += 1
-
-    def _global_post(self, module: Any, args: Any, output: Any) -> None:
-        self._fwd_depth = max(0, self._fwd_depth - 1)
-        if self._fwd_depth == 0 and self.active:
-            self.clock.forward_end()
-            if self.model is not None or self.clock.in_backward:
-                return  # a top-level call inside backward is checkpointing's recompute
-            if _is_fsdp(module):
-                self.parallel_mode = "fsdp"
-                self.set_model(module)
-            elif self.clock.steps + 1 >= self._discover_steps:
-                self.set_model(module)
-
+from .probe import Probe
 
 _PROBE: Probe | None = None
 
@@ -384,6 +50,8 @@ def attach(torch: Any, *, sink_path: str | None = None, job: str = "") -> Probe 
         ("optimizer", hook_optimizer),
         ("collective_wait", hook_ddp),
         ("dataparallel", hook_dataparallel),
+        ("checkpoint", hook_checkpoint),
+        ("evaluation", hook_evaluation),
     ):
         try:
             fn(probe, torch)
@@ -393,20 +61,3 @@ def attach(torch: Any, *, sink_path: str | None = None, job: str = "") -> Probe 
                 print(f"auditor probe: could not hook {name}: {exc!r}", file=sys.stderr)
     os.register_at_fork(after_in_child=probe.after_fork_in_child)
     return probe
-
-
-def _is_fsdp(module: Any) -> bool:
-    """FSDP2 (``fully_shard`` turns the module's class into a subclass of ``FSDPModule``) or
-    FSDP1 (``FullyShardedDataParallel``), by class name: no import of torch's FSDP package."""
-    return any(c.__name__ in _FSDP_CLASSES for c in type(module).__mro__)
-
-
-_FSDP_CLASSES = frozenset(("FSDPModule", "FullyShardedDataParallel"))
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None

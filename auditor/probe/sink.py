@@ -153,10 +153,16 @@ class Sink:
         self._sock = None
         self._next_connect = time.monotonic() + 1.0
 
-    def close(self, timeout_s: float = 2.0) -> None:
+    def close(self, timeout_s: float = 2.0, *, linger: bool = False) -> None:
         """Final flush, then close. Returns as soon as everything is written; waits up to
         ``timeout_s`` only while the agent is not there yet or not reading (a job shorter than
-        Ray's start-up must not lose its samples)."""
+        Ray's start-up must not lose its samples).
+
+        ``linger`` (the probe at exit): after the goodbye the connection's descriptor is left
+        open, owned by no Python object, so the kernel closes it when the process really ends;
+        the agent's end-of-file then marks the process's end, after the interpreter's own
+        teardown (seconds, for a job whose process group threads linger), which no exit handler
+        sees."""
         self._stop.set()
         self._wake.set()
         deadline = time.monotonic() + timeout_s
@@ -176,6 +182,9 @@ class Sink:
             if self._sock is not None and not self._out:
                 try:
                     self._sock.sendall(encode({"type": "bye"}))
+                    if linger:
+                        self._sock.detach()  # non-inheritable: no child process keeps it
+                        self._sock = None
                 except OSError:
                     pass
             self._drop_connection()

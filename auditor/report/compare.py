@@ -8,6 +8,13 @@ The measured speed-up is the BEFORE run's median step time over the AFTER run's,
 its slowest rank: under DDP every rank's step ends at the same all-reduce, so the slowest rank's
 median is the job's step. The predicted one is the largest ``predicted_speedup`` among BEFORE's
 warning and critical findings: what its verdict promised for its own fixes.
+
+Per finding of BEFORE (``per_finding``): its predicted speed-up beside the achieved one (the
+job's measured speed-up: every fix of every finding acts on the one job step), whether it is gone
+in AFTER, and for each of its typed fixes whether AFTER runs with it: ``applied`` (``auditor run
+--apply`` moved it, AFTER's ``ranks[i].applied``), ``in_effect`` (AFTER's loader has the proposed
+value: the script was changed), ``other`` (AFTER's loader has another value), ``unknown`` (AFTER
+shows no loader for the rank) or ``not_checked`` (a code or hardware change: no report can tell).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from auditor.analysis.findings import severity_key
+from auditor.analysis.fixes import Fix
+from auditor.report.applied import setting
 from auditor.report.model import RankEntry, Report, ReportFinding, ReportLike, as_report
 from auditor.report.terminal import VERDICT_WIDTH, table, wrap
 from auditor.wording import fmt_ms_value as fmt_ms
@@ -86,6 +95,64 @@ def compare_reports(
         },
         "ranks": ranks,
         "findings": {"gone": gone, "new": new, "remain": remain},
+        "per_finding": per_finding(b_rep, a_rep, measured),
+    }
+
+
+def per_finding(before: Report, after: Report, measured: float | None) -> list[dict[str, Any]]:
+    """BEFORE's findings that predict a speed-up or warn, most severe first: each one's
+    predicted speed-up beside the achieved one, its fate in AFTER, and its fixes' states (module
+    doc)."""
+    later = {(f.kind, tuple(sorted(f.ranks))): f for f in after.findings}
+    measured = _round(measured, 3)  # as the document and its text give it
+    a_ranks = _ranks(after)
+    out = []
+    for f in before.sorted_findings:
+        if f.predicted_speedup is None and not f.at_least("warning"):
+            continue
+        now = later.get((f.kind, tuple(sorted(f.ranks))))
+        predicted = f.predicted_speedup
+        out.append(
+            {
+                "kind": f.kind,
+                "ranks": list(f.ranks),
+                "severity": f.severity,
+                "predicted": _round(predicted, 3),
+                "achieved": _round(measured, 3),
+                "achieved_share": (
+                    _round(measured / predicted, 3) if measured and predicted else None
+                ),
+                "after": "gone" if now is None else now.severity,
+                "fixes": [
+                    _fix_state(x, None if x.rank is None else a_ranks.get(x.rank))
+                    for x in f.actions
+                ],
+            }
+        )
+    return out
+
+
+def _fix_state(fix: Fix, after: RankEntry | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "rank": fix.rank,
+        "lever": fix.lever,
+        "current": fix.current,
+        "proposed": fix.proposed,
+        "after_value": None,
+    }
+    if not fix.applicable:
+        return {**entry, "state": "not_checked"}
+    moved = next((m for m in (after.applied if after else ()) if m.get("lever") == fix.lever), None)
+    if moved is not None:
+        return {**entry, "after_value": moved.get("to"), "state": "applied"}
+    loader = (after.loader if after else None) or {}
+    if fix.lever not in loader:
+        return {**entry, "state": "unknown"}
+    value = loader[fix.lever]
+    return {
+        **entry,
+        "after_value": value,
+        "state": "in_effect" if value == fix.proposed else "other",
     }
 
 
@@ -195,6 +262,16 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
     if is_number(ratio) and is_number(b_rate) and is_number(a_rate):
         emit(f"Throughput: {b_rate:.0f} -> {a_rate:.0f} samples/s, all ranks ({ratio:.2f}x)")
 
+    outcomes = result.get("per_finding") or ()
+    if outcomes:
+        out.append("")
+        out.append("Per finding of BEFORE, predicted beside achieved (the job's step):")
+        for f in outcomes:
+            emit(_outcome_text(f), indent="  ", cont="    ")
+            fixes = "; ".join(_fix_text(x) for x in f.get("fixes") or ())
+            if fixes:
+                emit(fixes, indent="    ", cont="  ")
+
     out.append("")
     out.append("Findings:")
     any_finding = False
@@ -252,6 +329,45 @@ def _headline(
         remain = [f for f in found.get("remain") or () if _sev_level(f.get("severity")) >= 1]
         head += "; findings unchanged" if remain else "; no warning in either run"
     return head
+
+
+def _outcome_text(f: Mapping[str, Any]) -> str:
+    who = f" {ranks_text(f['ranks'])}" if f.get("ranks") else ""
+    fate = "gone" if f.get("after") == "gone" else f"remains, {f.get('after')}"
+    predicted, achieved = f.get("predicted"), f.get("achieved")
+    said = f"predicted {predicted:.2f}x" if is_number(predicted) else "no prediction"
+    got = f"achieved {achieved:.2f}x" if is_number(achieved) else "achieved -"
+    if is_number(achieved) and is_number(predicted) and predicted > 0:
+        got += f" ({achieved / predicted:.0%} of it)"  # as the headline's share is worked out
+    return f"{f.get('kind')}{who} ({f.get('severity')}; {fate} in AFTER): {said}, {got}"
+
+
+_STATES = {
+    "applied": "applied by --apply",
+    "in_effect": "in effect in AFTER",
+    "unknown": "AFTER shows no loader",
+    "not_checked": "a code change, not checked",
+}
+
+
+def _fix_text(x: Mapping[str, Any]) -> str:
+    who = f"rank {x['rank']} " if x.get("rank") is not None else ""
+    current, proposed = x.get("current"), x.get("proposed")
+    change = str(x.get("lever"))
+    if proposed is not None:
+        change += (
+            f" {setting(current)} -> {setting(proposed)}"
+            if current is not None
+            else (f" -> {setting(proposed)}")
+        )
+    state = str(x.get("state"))
+    if state == "applied" and x.get("after_value") != proposed:
+        how = f"applied by --apply as {setting(x.get('after_value'))}"
+    elif state == "other":
+        how = f"not in effect: AFTER has {setting(x.get('after_value'))}"
+    else:
+        how = _STATES.get(state, state)
+    return f"{who}{change}: {how}"
 
 
 def _short(f: Mapping[str, Any]) -> str:

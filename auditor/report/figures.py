@@ -1,5 +1,7 @@
 """The HTML report's plotly figures, built from the report and the run's samples.
 
+* a stacked bar of each rank's whole run (start-up, the steps' phases, named work such as
+  checkpoints and evaluation, other, teardown: every second once, from the report's ``time``);
 * a stacked bar of each rank's step: data wait, h2d, forward, backward apart from the wait at the
   all-reduce, optimizer, the collective wait itself (medians, from the report); beside it, where
   the ranks measured their memory budget, a stacked bar of each rank's memory by part
@@ -25,6 +27,7 @@ from plotly.subplots import make_subplots
 
 from auditor.analysis.snapshot import Snapshot
 from auditor.report.model import BudgetEntry, RankEntry
+from auditor.report.time_account import fmt_seconds, part_label
 from auditor.samples import DeviceSample
 from auditor.wording import finite_or_zero as _num
 from auditor.wording import fmt_bytes, is_number
@@ -38,6 +41,22 @@ BREAKDOWN = (
     "optimizer",
     "collective wait",
 )
+# The run's parts (``Account.parts``) by color; named work beyond these gets a gray.
+_TIME_COLORS = {
+    "startup": "#7f7f7f",
+    "data_wait": "#d62728",
+    "h2d": "#9467bd",
+    "forward": "#1f77b4",
+    "backward": "#2ca02c",
+    "optimizer": "#8c564b",
+    "collective_wait": "#bcbd22",
+    "checkpoint": "#ff7f0e",
+    "evaluation": "#17becf",
+    "logging": "#e377c2",
+    "other": "#c7c7c7",
+    "gaps": "#dbdb8d",
+    "teardown": "#525252",
+}
 _PHASE_COLORS = {
     "data wait": "#d62728",
     "h2d": "#9467bd",
@@ -81,6 +100,14 @@ PlotEntry = tuple[str, str, go.Figure | None, str]
 def page_figures(ranks: Sequence[RankEntry], series: Snapshot | None) -> list[PlotEntry]:
     """The page's plots in page order; the memory bar only where the ranks measured a budget."""
     figures: list[PlotEntry] = []
+    figures.append(
+        (
+            "run-time",
+            "Where each rank's run went (seconds, every second once)",
+            time_figure(ranks),
+            "No rank's run could be accounted for (a report from before the account).",
+        )
+    )
     figures.append(
         (
             "breakdown",
@@ -132,6 +159,52 @@ def page_figures(ranks: Sequence[RankEntry], series: Snapshot | None) -> list[Pl
 
 # --------------------------------------------------------------------------------------------
 # figures
+
+
+def time_figure(ranks: Sequence[RankEntry]) -> go.Figure | None:
+    """Horizontal stacked bar per rank: its whole run by part, in seconds (the report's
+    ``time``), with the rank's wall time as a marker."""
+    accounted = [r for r in sorted(ranks, key=lambda r: r.rank) if r.time is not None]
+    if not accounted:
+        return None
+    labels = [f"rank {r.rank}" for r in accounted]
+    names: list[str] = []
+    for r in accounted:
+        assert r.time is not None
+        names += [n for n in r.time.parts() if n not in names]
+    fig = go.Figure()
+    for name in names:
+        xs = [r.time.parts().get(name, 0.0) if r.time is not None else 0.0 for r in accounted]
+        if not any(x > 0 for x in xs):
+            continue
+        label = part_label(name)
+        fig.add_trace(
+            go.Bar(
+                name=label,
+                y=labels,
+                x=[round(x, 3) for x in xs],
+                orientation="h",
+                marker_color=_TIME_COLORS.get(name, "#aaaaaa"),
+                hovertext=[fmt_seconds(x) for x in xs],
+                hovertemplate="%{y}: " + label + " %{hovertext}<extra></extra>",
+            )
+        )
+    walls = [round(r.time.wall_s, 3) if r.time is not None else 0.0 for r in accounted]
+    fig.add_trace(
+        go.Scatter(
+            name="wall time",
+            y=labels,
+            x=walls,
+            mode="markers",
+            marker={"symbol": "line-ns-open", "size": 22, "color": "#222", "line": {"width": 2}},
+            hovertemplate="%{y}: wall %{x:.1f} s<extra></extra>",
+        )
+    )
+    fig.update_layout(barmode="stack", xaxis_title="seconds of the run")
+    fig.update_yaxes(autorange="reversed")
+    _style(fig, height=max(220, 60 + 40 * len(accounted)))
+    fig.update_layout(legend={"y": -0.25, "yanchor": "top", "orientation": "h"})
+    return fig
 
 
 def breakdown_figure(ranks: Sequence[RankEntry]) -> go.Figure | None:

@@ -51,6 +51,7 @@ from auditor.report.terminal import (
     render_verdict,
 )
 from auditor.report.terminal import fixes_by_rank as fixes_by_rank
+from auditor.report.time_account import lead_line
 from auditor.wording import (
     MISSING,
     fmt_cores,
@@ -179,6 +180,9 @@ def _verdict_section(
     facts = _run_facts(job, len(ranks))
     if facts:
         out.append(f'<p class="run">{_e(facts)}</p>')
+    lead = lead_line(ranks)
+    if lead:
+        out.append(f'<p class="loss" id="largest-loss">{_e(lead)}</p>')
     fixes = fixes_by_rank(findings)
     if fixes:
         out.append('<h2>What to change, per rank</h2><ul class="fixes" id="fixes">')

@@ -12,12 +12,24 @@ Schema ``auditor.report/v2``::
                 "data_wait_ratio", "busy_ratio", "batch_size", "samples_per_s", "main_cpu",
                 "worker_cpu", "workers", "loader",
                 "memory": {"rss_bytes", "allocated_bytes", "peak_bytes", "budget"},
-                "unmeasured", "off_thread_collectives", "ended"}],
+                "unmeasured", "off_thread_collectives", "ended",
+                "time": {"wall_s", "startup_s", "steps", "data_wait_s", "h2d_s", "forward_s",
+                         "backward_s", "optimizer_s", "collective_wait_s", "outside",
+                         "other_s", "gaps_s", "teardown_s", "started", "ended"},
+                "applied": [{"lever", "from", "to"}],
+                "not_applied": [{"lever", "value", "reason"}]}],
      "findings": [{"kind", "severity", "ranks", "summary", "evidence", "fixes",
                    "predicted_speedup", "cause",
                    "actions": [{"rank", "gpu", "lever", "how", "current", "proposed",
                                 "expected_speedup", "answers"}]}],
      "notes": [str, ...]}
+
+``job.apply`` (only on a run made with ``auditor run --apply``): ``{"sources", "levers",
+"not_applied"}``, the plan: where it came from, the loader levers per rank, and the fixes it left
+to the user (``{"rank", "lever", "current", "proposed"}``). Per rank, ``applied`` lists the
+levers its probe moved on the training DataLoader and ``not_applied`` those it did not, with a
+reason code (``iterable_dataset``, ``needs_workers``, ``already``, ``refused``, ``no_loader``;
+:mod:`auditor.report.applied`); both empty on other runs.
 
 A finding's ``fixes`` are its changes in words, per rank; ``actions`` the same changes as data
 (:class:`~auditor.analysis.fixes.Fix`): the ``lever`` (``num_workers``, ``pin_memory``,
@@ -41,6 +53,13 @@ sent none): ``param_bytes`` (and
 ``buffer_bytes``, ``fixed_bytes`` (their sum), ``other_module_bytes`` (modules outside the
 model), ``activation_bytes_per_step`` and ``activation_bytes_per_sample`` (one sampled forward),
 ``device_total_bytes``, ``host_total_bytes``, ``host_available_bytes`` and ``local_ranks``.
+``time`` is where the rank's whole run went (:mod:`auditor.analysis.accounting`), every second
+once, in seconds summed over the run (not medians): ``startup_s`` (process start to the first
+step), the steps' phases, ``outside`` (named work in the steps, by name: ``checkpoint``,
+``evaluation``), ``other_s`` (the steps' unnamed rest), ``gaps_s`` (between steps) and
+``teardown_s`` (last step to process end); they add up to ``wall_s``. ``started``/``ended``:
+whether the process start and end were reported (else no start-up or teardown is booked). null
+where no account could be made (and in reports from before it).
 """
 
 from __future__ import annotations
@@ -53,6 +72,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from auditor.analysis.accounting import Account
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import RankStats
@@ -103,7 +123,10 @@ def make_report(
         RankEntry.from_dict(
             jsonable(
                 _rank_entry(
-                    view, stats[view.info.rank], snapshot.total_steps.get(view.info.rank, 0)
+                    view,
+                    stats[view.info.rank],
+                    snapshot.total_steps.get(view.info.rank, 0),
+                    snapshot.accounts.get(view.info.rank),
                 )
             )
         )
@@ -195,7 +218,9 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any]:
+def _rank_entry(
+    view: RankView, s: RankStats, total_steps: int, account: Account | None = None
+) -> dict[str, Any]:
     info = view.info
     n = len(view.steps)
     timed = n > 0 and s.step_s > 0
@@ -249,6 +274,9 @@ def _rank_entry(view: RankView, s: RankStats, total_steps: int) -> dict[str, Any
         "unmeasured": list(info.unmeasured),
         "off_thread_collectives": info.off_thread_collectives,
         "ended": bool(view.ended),
+        "time": account.rounded().to_dict() if account is not None else None,
+        "applied": [{"lever": k, "from": a, "to": b} for k, a, b in info.applied],
+        "not_applied": [{"lever": k, "reason": why} for k, why in info.apply_kept],
     }
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from auditor.analysis.accounting import Account
 from auditor.analysis.findings import Finding, severity_key
 from auditor.analysis.fixes import Fix
 from auditor.report.phrasing import phrase
@@ -70,6 +71,9 @@ RANK_KEYS = (
     "unmeasured",
     "off_thread_collectives",
     "ended",
+    "time",
+    "applied",
+    "not_applied",
 )
 MEMORY_KEYS = ("rss_bytes", "allocated_bytes", "peak_bytes", "budget")
 TOP_KEYS = ("schema", "generated_at", "job", "ranks", "findings", "notes")
@@ -181,6 +185,14 @@ class RankEntry:
     unmeasured: tuple[str, ...] = ()
     off_thread_collectives: int | None = None
     ended: bool = False
+    # Where the rank's whole run went, every second once (``analysis.accounting``); None in
+    # reports from before it, or where the run's samples could not make one.
+    time: Account | None = None
+    # ``auditor run --apply``: the loader levers the probe moved on this rank ({"lever", "from",
+    # "to"}) and those planned that it did not ({"lever", "value", "reason"}), both empty on a
+    # run without a plan (``auditor.report.applied``).
+    applied: tuple[Mapping[str, Any], ...] = ()
+    not_applied: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def budget(self) -> BudgetEntry | None:
@@ -202,6 +214,9 @@ class RankEntry:
         out["unmeasured"] = list(self.unmeasured)
         out["collective_ops"] = None if self.collective_ops is None else dict(self.collective_ops)
         out["loader"] = None if self.loader is None else dict(self.loader)
+        out["time"] = None if self.time is None else self.time.to_dict()
+        out["applied"] = [dict(a) for a in self.applied]
+        out["not_applied"] = [dict(a) for a in self.not_applied]
         return out
 
     @classmethod
@@ -218,6 +233,12 @@ class RankEntry:
         values["collective_ops"] = dict(ops) if isinstance(ops, Mapping) else None
         loader = d.get("loader")
         values["loader"] = dict(loader) if isinstance(loader, Mapping) else None
+        time = d.get("time")
+        values["time"] = (
+            Account.from_dict(values["rank"], time) if isinstance(time, Mapping) else None
+        )
+        for key in ("applied", "not_applied"):
+            values[key] = tuple(dict(a) for a in _items(d.get(key)))
         return cls(**values)
 
 
@@ -403,6 +424,9 @@ class JobSummary:
     nodes: tuple[NodeEntry, ...] | None = None
     # Ranks that died mid-run (absent when none did, or the run was interrupted).
     dead_ranks: tuple[DeadRank, ...] | None = None
+    # ``auditor run --apply`` only (absent otherwise): the plan, ``{"sources", "levers",
+    # "not_applied"}`` (``auditor.report.applied.plan_entry``).
+    apply: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -419,6 +443,8 @@ class JobSummary:
             out["nodes"] = [n.to_dict() for n in self.nodes]
         if self.dead_ranks is not None:
             out["dead_ranks"] = [d.to_dict() for d in self.dead_ranks]
+        if self.apply is not None:
+            out["apply"] = dict(self.apply)
         return out
 
     @classmethod
@@ -426,6 +452,7 @@ class JobSummary:
         hosts = d.get("hosts")
         nodes = d.get("nodes")
         dead = d.get("dead_ranks")
+        apply = d.get("apply")
         return cls(
             name=d.get("name"),
             command=tuple(str(c) for c in d.get("command") or ()),
@@ -449,6 +476,7 @@ class JobSummary:
                 if isinstance(dead, list)
                 else None
             ),
+            apply=dict(apply) if isinstance(apply, Mapping) else None,
         )
 
 

@@ -11,6 +11,7 @@ import shlex
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
+from auditor.report.applied import verdict_lines
 from auditor.report.columns import VERDICT_COLUMNS, cells, titles
 from auditor.report.model import (
     BudgetEntry,
@@ -22,6 +23,7 @@ from auditor.report.model import (
     ReportLike,
     as_report,
 )
+from auditor.report.time_account import account_lines, lead_line
 from auditor.wording import (
     fmt_count,
     fmt_duration,
@@ -93,6 +95,10 @@ def render_verdict(report: ReportLike, *, color: bool = False) -> str:
         head = "Verdict: balanced - no rank holds the job back"
         out.extend(_paint(x, "ok", color) for x in wrap(head, cont="    "))
 
+    # Where the run's time went: the largest loss over the whole run, seconds and share.
+    lead = lead_line(ranks)
+    if lead:
+        emit(lead)
     run = _run_line(job, len(ranks))
     if run:
         emit(run)
@@ -120,6 +126,13 @@ def render_verdict(report: ReportLike, *, color: bool = False) -> str:
         out.append("Per rank (medians per step):")
         out.extend("  " + line for line in _verdict_table(ranks))
 
+    accounted = account_lines(ranks)
+    if accounted:
+        out.append("")
+        out.append("Where the time went (whole run, every second once):")
+        for line in accounted:
+            emit(line, indent="  ", cont="    ")
+
     budgets = rep.budgets
     if budgets:
         out.append("")
@@ -133,6 +146,11 @@ def render_verdict(report: ReportLike, *, color: bool = False) -> str:
         out.append("")
         for phases, rs in unmeasured:
             emit(f"Not measured on {ranks_text(rs)}: {', '.join(phases)}")
+    tried = verdict_lines(rep)  # auditor run --apply: what was applied, what was not
+    if tried:
+        out.append("")
+        for line in tried:
+            emit(line)
     if rep.notes:
         out.append("")
         for note in rep.notes:

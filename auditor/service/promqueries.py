@@ -5,11 +5,29 @@
 from __future__ import annotations
 
 from auditor.metrics import catalog as C
+from auditor.metrics import dcgm as D
 from auditor.samples import PHASES
 
+GPU_SOURCES = ("auto", "auditor", "dcgm")
+"""Where serve reads GPU figures: ``auditor`` (the auditor's monitors, ``auditor_gpu_*``),
+``dcgm`` (dcgm-exporter's ``DCGM_FI_*`` series) or ``auto`` (both: a GPU the monitors export is
+read from them, any other GPU dcgm-exporter exports from it)."""
+DCGM = "dcgm:"
+"""The prefix of the answers read from dcgm-exporter's series (:func:`dcgm_queries`)."""
 
-def queries(window_s: float) -> dict[str, str]:
-    """Every query of one evaluation, by the name its answer is filed under."""
+
+def queries(window_s: float, gpu_source: str = "auto") -> dict[str, str]:
+    """Every query of one evaluation, by the name its answer is filed under; ``gpu_source``
+    (:data:`GPU_SOURCES`) picks the GPU series read."""
+    q = _queries(window_s)
+    if gpu_source == "dcgm":
+        q = {k: v for k, v in q.items() if not k.startswith("gpu_")}
+    if gpu_source != "auditor":
+        q |= dcgm_queries(window_s)
+    return q
+
+
+def _queries(window_s: float) -> dict[str, str]:
     w = f"{max(2, round(window_s))}s"
     half = f"{max(1, round(window_s / 2))}s"
     # Figures are aggregated ``by`` the labels :mod:`.promsnapshot` reads: smaller answers,
@@ -82,6 +100,63 @@ def queries(window_s: float) -> dict[str, str]:
     for key, spec in GPU_MAXIMA.items():
         q[key] = f"max by ({g}) (max_over_time({spec.name}[{w}]))"
     return q
+
+
+def dcgm_queries(window_s: float) -> dict[str, str]:
+    """The GPU figures of :func:`queries` read from dcgm-exporter's series (keys prefixed
+    :data:`DCGM`), in the auditor's units and keyed by ``uuid`` as the auditor's are, plus the
+    ranks' word on which GPU each uses (``gpu_owner``) to join them to the ranks, and the
+    highest SM clock per model (the clock's maximum where DCGM_FI_DEV_MAX_SM_CLOCK is not
+    exported). The identity (``gpu_up``) comes first: where it is empty, the rest is not asked."""
+    w = f"{max(2, round(window_s))}s"
+    half = f"{max(1, round(window_s / 2))}s"
+    # Subqueries (a figure of an expression over the window) step once a second, up to 60 steps.
+    res = f"{max(1, round(window_s / 60))}s"
+    util, xid = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_XID_ERRORS"
+    used, free = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+    reasons = '{__name__=~"' + "|".join(D.THROTTLE_FIELDS) + '"}'
+
+    def by_uuid(expr: str, scale: float = 1.0) -> str:
+        out = f"max by (uuid) ({D.with_uuid(expr)})"
+        return out if scale == 1.0 else f"{out} * {scale!r}"
+
+    ident = "uuid, node, gpu, model"
+    q = {
+        # Every GPU dcgm-exporter answers for (XID errors: also a GPU that fell off the bus).
+        "gpu_up": f"max by ({ident}) ({D.with_auditor_labels(f'last_over_time({xid}[{w}])')})"
+        f" or max by ({ident}) ({D.with_auditor_labels(f'last_over_time({util}[{w}])')})",
+        "gpu_owner": f"max by (uuid, {C.JOB_LABEL}, rank, node) "
+        f"(last_over_time({C.GPU_OWNER_INFO.name}[{w}]))",
+        "gpu_samples": f"{by_uuid(f'count_over_time({xid}[{w}])')}"
+        f" or {by_uuid(f'count_over_time({util}[{w}])')}",
+        "gpu_span": f"{by_uuid(f'max_over_time(timestamp({util})[{w}:{res}])')}"
+        f" - {by_uuid(f'min_over_time(timestamp({util})[{w}:{res}])')}",
+        "gpu_lost": by_uuid(f"last_over_time({xid}[{w}]) == bool {D.XID_FALLEN_OFF_BUS}"),
+        "gpu_mem_trend": by_uuid(f"deriv({used}[{w}])", D.MIB),
+        "gpu_mem_recent": by_uuid(f"deriv({used}[{half}])", D.MIB),
+        "gpu_mem_total": by_uuid(
+            f"last_over_time({used}[{w}]) + last_over_time({free}[{w}])", D.MIB
+        ),
+        "gpu_throttle": "("
+        + " or ".join(
+            f"label_replace({by_uuid(f'avg_over_time((floor({reasons} / {bit}) % 2)[{w}:{res}])')}"
+            f', "reason", "{reason}", "", "")'
+            for reason, bit in D.REASON_BITS.items()
+        )
+        + ") > 0",
+        "gpu_throttle_read": f"count by (uuid) ({D.with_uuid(f'last_over_time({reasons}[{w}])')})",
+        "gpu_sm_clock_peak": f"max by ({D.MODEL_LABEL}) "
+        f"(max_over_time(DCGM_FI_DEV_SM_CLOCK[{D.CLOCK_PEAK_WINDOW}]))",
+    }
+    for key, spec in GPU_MEDIANS.items():
+        field = D.FOR_AUDITOR[spec.name]
+        q[key] = by_uuid(f"quantile_over_time(0.5, {field.name}[{w}])", field.scale)
+    for key, spec in GPU_MAXIMA.items():
+        if key in q:
+            continue
+        field = D.FOR_AUDITOR[spec.name]
+        q[key] = by_uuid(f"max_over_time({field.name}[{w}])", field.scale)
+    return {DCGM + key: expr for key, expr in q.items()}
 
 
 def sub_key(figure: str, value: str) -> str:

@@ -52,11 +52,12 @@ from .columns import (
     optional_ints,
     rounded,
 )
-from .promqueries import GPU_FIGURES, MEMORY_KINDS
+from .promqueries import DCGM, GPU_FIGURES, MEMORY_KINDS
 from .promqueries import queries as queries
 from .promqueries import sub_key as sub_key
 
 _MHZ = 1e6
+MODEL = "modelName"  # dcgm-exporter's model label (the highest SM clock per model is by it)
 
 
 Answers = Mapping[str, Answer]
@@ -133,7 +134,7 @@ def build_snapshots(
     def col(name: str) -> Column:
         return by_rank.column(as_vector(answers.get(name)))
 
-    gpus = _gpu_stats(answers, wanted)
+    gpus = gpu_stats(answers, wanted)
     # The GPUs whose series name a rank, in index order: their indexes and UUIDs.
     owned: dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]] = {}
     for uuid, (g, owner_job, owner_rank) in gpus.items():
@@ -427,18 +428,48 @@ def _job_nodes(
     return tuple(n for n in found if n is not None)
 
 
-def _gpu_stats(
+def gpu_stats(
     answers: Answers, wanted: set[str] | None = None
 ) -> dict[str, tuple[DeviceStats, str, str]]:
+    """Every GPU that answered in the window (see :func:`_gpu_stats`), from the auditor's own
+    monitors and from dcgm-exporter (answers prefixed :data:`~.promqueries.DCGM`): a GPU both
+    export is read from the monitors. dcgm-exporter's GPUs take their job, rank and node from the
+    rank that reported using them (``auditor_gpu_owner_info``, joined by UUID)."""
+    out = _gpu_stats(answers, wanted)
+    if as_vector(answers.get(DCGM + "gpu_up")).labels:
+        owners: dict[str, Mapping[str, str]] = {}
+        for series in as_vector(answers.get(DCGM + "gpu_owner")).labels:
+            uuid = series.get("uuid", "")
+            had = owners.get(uuid)
+            # Two ranks naming one GPU: the lowest rank owns it, as the node agent decides.
+            if uuid and (had is None or _int_or_0(series.get("rank")) < _int_or_0(had.get("rank"))):
+                owners[uuid] = series
+        for uuid, found in _gpu_stats(answers, wanted, prefix=DCGM, owners=owners).items():
+            out.setdefault(uuid, found)
+    return out
+
+
+def _gpu_stats(
+    answers: Answers,
+    wanted: set[str] | None = None,
+    *,
+    prefix: str = "",
+    owners: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, tuple[DeviceStats, str, str]]:
     """Every GPU that answered in the window: its figures, owning job and rank ("" if none);
-    with ``wanted``, only the GPUs of those jobs and the GPUs no job owns.
+    with ``wanted``, only the GPUs of those jobs and the GPUs no job owns. ``prefix``: whose
+    answers (:data:`~.promqueries.DCGM`: dcgm-exporter's); ``owners``: the owning rank's labels
+    (job, rank, node) by UUID, for a source whose series do not carry them.
 
     A GPU whose monitor never answered (``sum_over_time(auditor_gpu_up)`` 0) is left out: a
     missing GPU must not read as an idle one.
     """
     identity: dict[str, Mapping[str, str]] = {}
-    for series in as_vector(answers.get("gpu_up")).labels:
+    for series in as_vector(answers.get(prefix + "gpu_up")).labels:
         uuid = series.get("uuid", "")
+        owner = (owners or {}).get(uuid)
+        if owner is not None and not series.get(C.JOB_LABEL):
+            series = {**series, **owner}
         # A GPU that changed owner in the window has a series per owner; an owner beats none.
         if uuid and (uuid not in identity or series.get(C.JOB_LABEL)):
             identity[uuid] = series
@@ -451,10 +482,20 @@ def _gpu_stats(
     index = {uuid: i for i, uuid in enumerate(identity)}
     # One column over the GPUs per figure (None where Prometheus had none).
     by_gpu = Columns(index, GPU)
-    v = {key: by_gpu.column(as_vector(answers.get(key))) for key in GPU_FIGURES}
+    v = {key: by_gpu.column(as_vector(answers.get(prefix + key))) for key in GPU_FIGURES}
+    clock_max = v["gpu_sm_clock_max"]
+    peak = as_vector(answers.get(prefix + "gpu_sm_clock_peak"))
+    if len(peak.values) and np.isnan(clock_max).any():
+        # No maximum exported (dcgm-exporter's default fields): the highest SM clock a GPU of the
+        # same model reached in the last hour stands for it, so a GPU clocked below its peers'
+        # still reads low.
+        top = dict(zip(peak.label(MODEL), peak.values.tolist(), strict=True))
+        models = [x.get("model", "") for x in identity.values()]
+        fill = np.array([top.get(m, np.nan) for m in models], dtype=np.float64) * _MHZ
+        clock_max = np.where(np.isnan(clock_max), fill, clock_max)
     with np.errstate(divide="ignore", invalid="ignore"):
         used, total = v["gpu_mem_used"], v["gpu_mem_total"]
-        clock, clock_max = v["gpu_sm_clock"], v["gpu_sm_clock_max"]
+        clock = v["gpu_sm_clock"]
         # x / y where both are known and y is not 0 (nor NaN), else None.
         mem_ratio = optional(np.where(total != 0, used / total, np.nan))
         clock_ratio = optional(np.where(clock_max != 0, clock / clock_max, np.nan))
@@ -489,12 +530,12 @@ def _gpu_stats(
     figures["mem_ratio"] = mem_ratio
     figures["sm_clock_ratio"] = clock_ratio
     throttle: dict[str, dict[str, float]] = defaultdict(dict)
-    answer = as_vector(answers.get("gpu_throttle"))
+    answer = as_vector(answers.get(prefix + "gpu_throttle"))
     for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
         if value == value:
             throttle[labels.get("uuid", "")][labels.get("reason", "other")] = value
     # GPUs whose driver reports reasons at all: the others' throttle share is unknown, not 0.
-    read = set(as_vector(answers.get("gpu_throttle_read")).label("uuid"))
+    read = set(as_vector(answers.get(prefix + "gpu_throttle_read")).label("uuid"))
     share: dict[str, float] = {}
     ordered: dict[str, tuple[str, ...]] = {}
     for uuid, mine in throttle.items():

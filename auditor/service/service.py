@@ -25,7 +25,10 @@ from typing import Any
 from auditor.audit import Overrides, Verdict, judge
 from auditor.metrics.query import PrometheusClient, PrometheusError, Vector
 
+from .promqueries import DCGM
 from .promsnapshot import Answers, build_snapshots, queries, running_jobs
+
+DCGM_FIRST = DCGM + "gpu_up"
 
 log = logging.getLogger("auditor.serve")
 
@@ -130,8 +133,10 @@ class AuditService:
         max_backoff_s: float = 60.0,
         overrides: Overrides | None = None,
         clock: Callable[[], float] = time.time,
+        gpu_source: str = "auto",
     ) -> None:
         self.client = client
+        self.gpu_source = gpu_source
         self.window_s = window_s
         self.interval_s = interval_s
         # A rank endpoint silent for longer than this is not running (scrapes every 5-15 s).
@@ -151,10 +156,15 @@ class AuditService:
         """Every answer of one evaluation, all evaluated at ``now``, decoded column-wise
         (with the cyclic collector paused, as the analysis: some 10^5 series at 4,096 ranks)."""
         with no_cyclic_gc():
-            return {
-                key: self.client.vector(expr, at=now)
-                for key, expr in queries(self.window_s).items()
-            }
+            asked = queries(self.window_s, self.gpu_source)
+            answers: dict[str, Vector] = {}
+            for key, expr in asked.items():
+                if key.startswith(DCGM) and key != DCGM_FIRST and not len(answers[DCGM_FIRST]):
+                    # dcgm-exporter's GPUs are asked first of its queries: where Prometheus
+                    # has none, the rest are not asked (a fleet of the auditor's monitors).
+                    continue
+                answers[key] = self.client.vector(expr, at=now)
+            return answers
 
     def evaluate(self) -> Published:
         """One evaluation; on failure the previous results stay and the health says why."""

@@ -84,11 +84,35 @@ class Env:
         self.node_c: Any = None
 
     def sd_nodes(self, path: Path | None = None) -> dict[str, str]:
+        """Node name -> listed target. The entries carry no target labels (a default scrape
+        would rename the series' own ``node``): a target's node is the one its series carry,
+        as Prometheus sees it. A listed target that does not answer (yet, or any more) is
+        keyed ``unanswered HOST:PORT``, so a comparison waits for the file, not the endpoint."""
         try:
             entries = json.loads((path or self.sd).read_text())
         except (OSError, ValueError):
             return {}
-        return {e["labels"]["node"]: e["targets"][0] for e in entries}
+        out = {}
+        for e in entries:
+            assert e["labels"] == {}, e
+            (target,) = e["targets"]
+            node = served_node(target)
+            out[f"unanswered {target}" if node is None else node] = target
+        return out
+
+
+def served_node(target: str) -> str | None:
+    """The node the endpoint at ``target`` names in its GPU series; None while it does not
+    answer or has none yet."""
+    try:
+        text = fetch(f"http://{target}/metrics")
+    except OSError:
+        return None
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if "node" in s.labels and s.name.startswith("auditor_gpu_"):
+                return str(s.labels["node"])
+    return None
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from auditor.cluster.fleet import (
     NodeDeployment,
     primary_address,
     remove_sd_file,
+    sd_entry,
     sd_target,
     sd_text,
     write_sd_file,
@@ -44,11 +45,11 @@ def test_target_is_the_bound_host_unless_it_is_a_wildcard(
 
 def test_written_file_has_the_file_sd_shape_and_no_temporary_left(tmp_path: Path) -> None:
     path = tmp_path / "targets" / "auditor-run-job.json"  # the folder is created
-    entries = [{"targets": ["10.0.0.5:9411"], "labels": {"auditor_job": "job", "node": "a"}}]
+    entries = [sd_entry("10.0.0.5:9411")]
     text = write_sd_file(str(path), entries)
     assert path.read_text() == text == sd_text(entries)
     assert json.loads(text) == entries
-    entries2 = [{"targets": ["10.0.0.5:9412"], "labels": {"auditor_job": "job", "node": "a"}}]
+    entries2 = [sd_entry("10.0.0.5:9412")]
     write_sd_file(str(path), entries2)
     assert json.loads(path.read_text()) == entries2
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
@@ -60,6 +61,12 @@ def test_shipped_example_is_in_the_written_shape() -> None:
     assert json.loads(sd_text(entries)) == entries
     for entry in entries:
         assert set(entry) == {"targets", "labels"}
+        # Target labels named like the series' own would become exported_* duplicates.
+        assert not set(entry["labels"]) & {"auditor_job", "node", "rank", "gpu", "job"}
+
+
+def test_an_entry_has_the_target_and_no_labels_the_series_carry() -> None:
+    assert sd_entry("10.0.0.5:9411") == {"targets": ["10.0.0.5:9411"], "labels": {}}
 
 
 def test_remove_takes_the_file_and_tolerates_its_absence(tmp_path: Path) -> None:
@@ -91,8 +98,10 @@ def test_fleet_writes_its_nodes_through_the_shared_writer(tmp_path: Path) -> Non
         fleet._set_address(d, {"metrics": f"http://0.0.0.0:{port}/metrics"})
         fleet._deployments[node_id] = d
     fleet._write_sd()
+    # No target labels: the series carry node (and auditor_job) themselves, and a target label
+    # of the same name would rename theirs to exported_node under a default scrape.
     assert json.loads(path.read_text()) == [
-        {"targets": ["10.0.0.11:9411"], "labels": {"node": "node-a"}},
-        {"targets": ["10.0.0.12:9412"], "labels": {"node": "node-b"}},
+        {"targets": ["10.0.0.11:9411"], "labels": {}},
+        {"targets": ["10.0.0.12:9412"], "labels": {}},
     ]
     assert path.read_text() == sd_text(fleet.targets())

@@ -174,7 +174,9 @@ def test_example_targets_have_the_fleet_sd_shape() -> None:
     assert isinstance(entries, list) and entries
     for entry in entries:
         assert set(entry) == {"targets", "labels"}
-        assert set(entry["labels"]) == {"node"}
+        # No target labels: the series carry node and auditor_job themselves, and a target label
+        # of the same name would rename theirs to exported_* under the default honor_labels.
+        assert entry["labels"] == {}
         for target in entry["targets"]:
             host, _, port = target.rpartition(":")
             assert host and port.isdigit()
@@ -495,6 +497,10 @@ def test_podmonitor_scrapes_the_ray_pods_with_default_honor_labels() -> None:
     assert endpoint["port"] == "auditor-metrics"
     job = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
     assert [r["replacement"] for r in job] == ["auditor-nodes"]
+    # No target label named like a series label: under honorLabels false it would rename the
+    # series' own (node -> exported_node).
+    series_labels = {"auditor_job", "node", "rank", "local_rank", "gpu", "uuid", "model"}
+    assert not {r.get("targetLabel") for r in endpoint["relabelings"]} & series_labels
 
 
 def test_serve_manifests_fit_together() -> None:

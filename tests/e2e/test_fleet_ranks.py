@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.cluster.probing import BOOT_DIR
-from auditor.probe.hooks import default_sink_path
+from auditor.probe.probe import default_sink_path
 from tests.helpers.waiting import wait_for_service
 
 from .conftest import EXAMPLES, REPO, base_env

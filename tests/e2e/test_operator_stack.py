@@ -317,7 +317,7 @@ def test_a_default_scrape_keeps_the_training_job_in_auditor_job(stack: Stack) ->
 
     # The job dashboard, filtered on the starved job, shows its ranks' data-wait share.
     board = json.loads((REPO / "dashboards/auditor-job.json").read_text())
-    values = {"job": STARVED, "node": "All", "rank": "All", "serve_url": stack.serve_url}
+    values = {"job": STARVED, "node": "All", "rank": "All"}
     answered = [
         title for title, expr in queries(board) if stack.prometheus.query(substitute(expr, values))
     ]
@@ -411,14 +411,126 @@ def test_the_data_starved_alert_reaches_alertmanager(stack: Stack) -> None:
     }
 
 
+def _fix_of(alert: dict[str, Any]) -> str | None:
+    """The alert's fix annotation once a fix is exported (the fallback says none is)."""
+    fix = alert["annotations"].get("fix", "")
+    return None if not fix or fix.startswith("No fix") else str(fix)
+
+
+def test_the_alerts_say_what_to_change_on_the_rank(stack: Stack) -> None:
+    """The page names the rank and carries its fix, read from auditor_finding_fix_info: both
+    the data-starved rank's alert and the critical finding's, in Prometheus and in
+    Alertmanager, with no link to a port the operator may not reach."""
+
+    def with_fixes() -> dict[str, dict[str, Any]] | None:
+        found = {
+            a["labels"]["alertname"]: a
+            for a in stack.prometheus.alerts()
+            if a["labels"].get("auditor_job") == STARVED
+            and a["labels"].get("rank") == "1"
+            and a["labels"]["alertname"] in ("AuditorDataStarvedRank", "AuditorCriticalFinding")
+            and _fix_of(a)
+        }
+        return found if len(found) == 2 else None
+
+    alerts = wait_for_service(with_fixes, timeout=120, what="alerts carrying the rank's fix")
+    words = {
+        s["metric"]["fix"]
+        for s in stack.prometheus.query(
+            f'auditor_finding_fix_info{{auditor_job="{STARVED}", rank="1", kind="data_starvation"}}'
+        )
+    }
+    assert words and all(words), words
+    for name, alert in alerts.items():
+        fix = _fix_of(alert)
+        assert fix is not None
+        annotations = alert["annotations"]
+        assert "rank 1" in annotations["description"], (name, annotations)
+        assert annotations["description"].endswith(" " + fix)
+        assert any(w in fix for w in words), (name, fix, words)
+        for text in annotations.values():
+            assert "/api/v1" not in text and "auditor serve`" not in text
+    assert "(data_starvation)" in str(_fix_of(alerts["AuditorDataStarvedRank"]))
+    # Alertmanager holds the annotation the page is sent with (updated on every re-send).
+    sent = wait_for_service(
+        lambda: [
+            a
+            for a in stack.alertmanager.alerts()
+            if a["labels"].get("alertname") == "AuditorCriticalFinding"
+            and a["labels"].get("auditor_job") == STARVED
+            and _fix_of(a)
+        ],
+        timeout=150,
+        what="the critical finding's fix in Alertmanager",
+        every=2,
+    )
+    assert any(w in str(_fix_of(sent[0])) for w in words)
+
+
+def test_grafana_reads_each_ranks_fix_from_prometheus(stack: Stack) -> None:
+    """The fix is a series Prometheus scrapes from serve and from the live run's endpoint alike
+    (one auditor_job, one node, no exported_* copies), with serve's words; the dashboards'
+    "What to change, per rank" table answers with the starved rank's row."""
+
+    def same_words() -> str | None:
+        """serve's words for rank 1 in its JSON and in its fix series, read within one
+        evaluation (both are rendered from the one published verdict)."""
+        exported = {
+            dict(labels)["fix"]
+            for (name, labels), _ in scrape(stack.serve_url + "/metrics").items()
+            if name == "auditor_finding_fix_info"
+            and dict(labels)["auditor_job"] == STARVED
+            and dict(labels)["rank"] == "1"
+            and dict(labels)["kind"] == "data_starvation"
+        }
+        said = {
+            f["fixes"]["1"]
+            for f in (_job(stack, STARVED) or {}).get("findings", [])
+            if f["kind"] == "data_starvation" and f["fixes"].get("1")
+        }
+        return next(iter(said)) if said and exported == said else None
+
+    assert wait_for_service(same_words, timeout=60, what="serve's fix for rank 1, as words")
+    series = wait_for_service(
+        lambda: (
+            {
+                s["metric"]["job"]: s["metric"]
+                for s in stack.prometheus.query(
+                    f'auditor_finding_fix_info{{auditor_job="{STARVED}", rank="1",'
+                    ' kind="data_starvation"}'
+                )
+            }
+            or None
+        ),
+        timeout=60,
+        what="auditor_finding_fix_info in Prometheus",
+    )
+    assert set(series) <= {"auditor-serve", "auditor-nodes"} and "auditor-serve" in series
+    for labels in series.values():
+        assert labels["node"] and labels["lever"] and labels["fix"]
+        assert not [name for name in labels if name.startswith("exported_")], labels
+    assert not stack.prometheus.query('count({exported_node!=""})')
+    for path in ("auditor-job.json", "auditor-cluster.json", "auditor-node.json"):
+        board = json.loads((REPO / "dashboards" / path).read_text())
+        (expr,) = [e for title, e in queries(board) if title == "What to change, per rank"]
+        node = series["auditor-serve"]["node"]
+        rows = stack.prometheus.query(
+            substitute(expr, {"job": STARVED, "node": node, "rank": "All"})
+        )
+        mine = [r["metric"] for r in rows if r["metric"]["rank"] == "1"]
+        assert mine, (path, rows)
+        assert any(r["kind"] == "data_starvation" and r["fix"] for r in mine), mine
+        assert set(mine[0]) == {"auditor_job", "kind", "rank", "node", "fix"}
+
+
 def _variable_values(stack: Stack) -> list[dict[str, str]]:
     nodes = {s["metric"]["node"] for s in stack.prometheus.query("auditor_rank_info")}
     out = []
     for job in (STARVED, *REPLAYS):
         for node in sorted(nodes):
-            out.append({"job": job, "node": node, "rank": "All", "serve_url": stack.serve_url})
-        out.append({"job": job, "node": "All", "rank": "1", "serve_url": stack.serve_url})
-        out.append({"job": "All", "node": "All", "rank": "All", "serve_url": stack.serve_url})
+            out.append({"job": job, "node": node, "rank": "All"})
+        out.append({"job": job, "node": "All", "rank": "1"})
+        out.append({"job": "All", "node": "All", "rank": "All"})
     return out
 
 

@@ -43,19 +43,17 @@ def listed(path: Path, proc: subprocess.Popen[bytes], log: Path) -> list[dict[st
     return wait_for_service(read, timeout=150, what=f"{path} to be written", every=0.2)
 
 
-def check_entry(entries: list[dict[str, Any]]) -> tuple[str, str]:
-    """One entry, the endpoint on 127.0.0.1 (the default bind), labelled with job and node."""
+def check_entry(entries: list[dict[str, Any]]) -> str:
+    """One entry, the endpoint on 127.0.0.1 (the default bind), without target labels: the
+    series carry ``auditor_job`` and ``node`` themselves, and a target label of either name would
+    rename theirs to ``exported_*`` under a default scrape."""
     assert len(entries) == 1, entries
     entry = entries[0]
-    assert set(entry) == {"targets", "labels"}
+    assert entry == {"targets": entry["targets"], "labels": {}}
     (target,) = entry["targets"]
     host, _, port = target.rpartition(":")
     assert host == "127.0.0.1" and int(port) > 0, target
-    assert set(entry["labels"]) == {"auditor_job", "node"}
-    assert entry["labels"]["auditor_job"] == JOB
-    node = entry["labels"]["node"]
-    assert node
-    return target, node
+    return target
 
 
 def scrape(target: str) -> dict[str, Any]:
@@ -63,9 +61,9 @@ def scrape(target: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def check_scrape(target: str, node: str) -> None:
-    """The listed target answers with the auditor's series, whose node is the listed node (the
-    node series appear with the agent's first host sample, a second after it starts)."""
+def check_scrape(target: str) -> str:
+    """The listed target answers with the auditor's series, of this job on one node (the node
+    series appear with the agent's first host sample, a second after it starts); returns it."""
     families = wait_for_service(
         lambda: (f := scrape(target)) and "auditor_node_cpu_cores" in f and f,
         timeout=30,
@@ -73,8 +71,10 @@ def check_scrape(target: str, node: str) -> None:
         every=0.2,
     )
     cores = families["auditor_node_cpu_cores"].samples
-    assert cores and {s.labels["node"] for s in cores} == {node}
     assert {s.labels["auditor_job"] for s in cores} == {JOB}
+    (node,) = {s.labels["node"] for s in cores}
+    assert node
+    return str(node)
 
 
 @pytest.fixture
@@ -117,21 +117,31 @@ def test_listed_while_running_scraped_by_prometheus_and_removed_at_the_end(
     args = ["--address", ray_address, "--sd-file", str(sd), "--report", str(report)]
     proc = auditor_run(args, torchrun(f"{JOB}.py", "--seconds", "8"), log)
     try:
-        target, node = check_entry(listed(sd, proc, log))
-        check_scrape(target, node)
+        target = check_entry(listed(sd, proc, log))
+        node = check_scrape(target)
         # Prometheus finds it through the file and scrapes it (honor_labels at its default, as
         # deploy/ configures it): up, and the auditor's series with the training job in
-        # auditor_job (the target label and the series' own agree) and the scrape job in job.
+        # auditor_job, the node in node, each once, and the scrape job in job.
         wait_for_service(
-            lambda: server.query(f'up{{job="auditor-nodes",auditor_job="{JOB}"}} == 1'),
+            lambda: server.query(f'up{{job="auditor-nodes",instance="{target}"}} == 1'),
             timeout=60,
             what="Prometheus to scrape the listed target",
             every=0.2,
         )
-        series = server.query(f'auditor_node_cpu_cores{{auditor_job="{JOB}"}}')
-        assert series and series[0]["metric"]["job"] == "auditor-nodes"
-        assert series[0]["metric"]["auditor_job"] == JOB
-        assert series[0]["metric"]["node"] == node
+        series = wait_for_service(
+            lambda: server.query(f'auditor_rank_up{{auditor_job="{JOB}"}}'),
+            timeout=60,
+            what="the ranks' series in Prometheus",
+            every=0.2,
+        )
+        for s in [*series, *server.query(f'auditor_node_cpu_cores{{auditor_job="{JOB}"}}')]:
+            labels = s["metric"]
+            assert labels["job"] == "auditor-nodes" and labels["instance"] == target
+            assert labels["auditor_job"] == JOB and labels["node"] == node
+            assert not [name for name in labels if name.startswith("exported_")], labels
+        assert {s["metric"]["rank"] for s in series} == {"0", "1"}
+        assert not server.query('count({exported_node!=""})')
+        assert not server.query('count({exported_auditor_job!=""})')
         assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
@@ -161,8 +171,8 @@ def test_removed_when_the_run_is_interrupted(
     args = ["--address", ray_address, "--sd-file", str(sd), "--report", str(report), "--quiet"]
     proc = auditor_run(args, torchrun(f"{JOB}.py", "--seconds", "120"), log)
     try:
-        target, node = check_entry(listed(sd, proc, log))
-        check_scrape(target, node)
+        target = check_entry(listed(sd, proc, log))
+        check_scrape(target)
         proc.send_signal(sig)
         code = proc.wait(timeout=120)
     finally:

@@ -179,7 +179,10 @@ def test_series_per_rank_within_budget() -> None:
 
 def test_series_per_gpu_within_budget() -> None:
     assert C.series_per_gpu() <= C.GPU_SERIES_BUDGET == 40
-    assert {s.name for s in C.gpu_specs()} == {n for n in NAMES if n.startswith("auditor_gpu_")}
+    # The owner series is the ranks' word, not a monitor's: outside the GPU budget.
+    assert {s.name for s in C.gpu_specs()} == {
+        n for n in NAMES if n.startswith("auditor_gpu_") and n != "auditor_gpu_owner_info"
+    }
     # Only throttle_active has a bounded label; every other GPU metric is one series per GPU.
     assert C.series_per_gpu() == len(C.gpu_specs()) - 1 + len(C.THROTTLE_REASONS)
 

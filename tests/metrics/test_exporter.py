@@ -225,6 +225,8 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
     ("auditor_rank_info", r(1, device="cpu", parallel_mode="ddp", world_size="2"), 1),
     ("auditor_rank_up", r(0), 1),
     ("auditor_rank_up", r(1), 0),
+    # The GPU rank 0 reported using (its CUDA UUID), for a GPU source that is not the monitors.
+    ("auditor_gpu_owner_info", r(0, gpu="0", uuid="GPU-aaa", model=""), 1),
     ("auditor_rank_steps_total", r(0), 2),
     ("auditor_rank_steps_total", r(1), 2),
     ("auditor_rank_step_seconds_total", r(0), 1.25),

@@ -156,7 +156,7 @@ def test_full_gpu_reaches_the_catalog_bound_and_stays_within_budget(
 def test_every_gpu_family_matches_the_catalog(full_text: str) -> None:
     families = list(text_string_to_metric_families(full_text))
     # A fully read GPU exports every GPU family of the catalog.
-    assert {f.name for f in families} == {n for n in C.BY_NAME if n.startswith("auditor_gpu_")}
+    assert {f.name for f in families} == {s.name for s in C.gpu_specs()}
     for family in families:
         assert family.samples, family.name
         spec = C.BY_NAME[family.name]

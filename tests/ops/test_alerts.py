@@ -57,7 +57,10 @@ def test_render_is_deterministic_and_marked_generated() -> None:
 
 
 def test_document_holds_recording_rules_in_order_then_alerts() -> None:
-    recording, alerting = A.rules_document()["groups"]
+    recording, alerting, dcgm = A.rules_document()["groups"]
+    # Last: dcgm-exporter's series recorded under the auditor's GPU names.
+    assert dcgm["name"] == "auditor-dcgm"
+    assert [r["record"] for r in dcgm["rules"]] == [r.record for r in R.DCGM_RULES]
     assert recording["name"] == "auditor-recording"
     assert "interval" not in recording
     assert [r["record"] for r in recording["rules"]] == [r.record for r in R.RECORDING_RULES]
@@ -66,7 +69,10 @@ def test_document_holds_recording_rules_in_order_then_alerts() -> None:
     for rule, alert in zip(alerting["rules"], A.ALERT_RULES, strict=True):
         assert list(rule) == ["alert", "expr", "for", "labels", "annotations"]
         assert rule["labels"] == {"severity": alert.severity}
-        assert list(rule["annotations"]) == ["summary", "description"]
+        expected = ["summary", "description", *(["fix"] if alert.fix else [])]
+        assert list(rule["annotations"]) == expected
+        if alert.fix:  # the page ends with what to change
+            assert rule["annotations"]["description"].endswith(" " + alert.fix)
 
 
 # --- each alert -----------------------------------------------------------------------------------
@@ -83,7 +89,7 @@ def test_alert_is_complete(alert: A.AlertRule) -> None:
     assert alert.severity in ("warning", "critical")
     assert A.duration_seconds(alert.for_) > 0
     assert alert.summary.strip() and alert.description.strip() and alert.doc.strip()
-    for text in (alert.summary, alert.description):
+    for text in (alert.summary, alert.description, alert.fix):
         assert text.count("{{") == text.count("}}"), f"{alert.name}: unbalanced template"
     # The doc names the for: duration it justifies.
     assert alert.for_ in alert.doc, f"{alert.name}: doc does not explain for: {alert.for_}"
@@ -91,7 +97,7 @@ def test_alert_is_complete(alert: A.AlertRule) -> None:
 
 @pytest.mark.parametrize("alert", A.ALERT_RULES, ids=lambda a: a.name)
 def test_alert_names_only_catalog_or_recorded_metrics(alert: A.AlertRule) -> None:
-    for text in (alert.expr, alert.summary, alert.description):
+    for text in (alert.expr, alert.summary, alert.description, alert.fix):
         unknown = A.referenced_metrics(text) - KNOWN
         assert not unknown, f"{alert.name} names metrics outside the catalog: {sorted(unknown)}"
     assert A.referenced_metrics(alert.expr) or "up{" in alert.expr, alert.name
@@ -176,7 +182,8 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case(alert: A.AlertRule) 
     for case in firing:
         for exp in case["exp_alerts"]:
             assert exp["exp_labels"]["severity"] == alert.severity, alert.name
-            assert set(exp.get("exp_annotations", {})) == {"summary", "description"}, alert.name
+            expected = {"summary", "description", *(["fix"] if alert.fix else [])}
+            assert set(exp.get("exp_annotations", {})) == expected, alert.name
     # A quiet case only means something once `for:` has passed: before that nothing fires anyway.
     quiet = [
         c
@@ -185,3 +192,45 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case(alert: A.AlertRule) 
         and A.duration_seconds(str(c["eval_time"])) >= A.duration_seconds(alert.for_)
     ]
     assert quiet, f"{alert.name}: no promtool case, after {alert.for_}, where it must not fire"
+
+
+# --- what to change, on the page ------------------------------------------------------------------
+
+# The alerts that name a job, a rank or a finding: each says what to change, read from the fixes
+# the auditor exports, and none sends the reader to a port (auditor serve's) the documented SSH
+# tunnel and KubeRay's ClusterIP service do not reach.
+FIXING = (
+    "AuditorUnderusedMultiGpuNode",
+    "AuditorGpuUtilizationSpread",
+    "AuditorDataStarvedRank",
+    "AuditorIdleAllocatedGpu",
+    "AuditorCriticalFinding",
+)
+
+
+@pytest.mark.parametrize("name", FIXING)
+def test_alerts_on_a_job_carry_its_fixes(name: str) -> None:
+    alert = A.BY_NAME[name]
+    assert C.FINDING_FIX_INFO.name in A.referenced_metrics(alert.fix)
+    assert "| query" in alert.fix and ".Labels.fix" in alert.fix
+    annotations = alert.to_dict()["annotations"]
+    for text in annotations.values():
+        assert "/api/v1" not in text and "auditor serve`" not in text, name
+
+
+def test_no_annotation_links_to_serve() -> None:
+    for alert in A.ALERT_RULES:
+        for text in alert.to_dict()["annotations"].values():
+            assert "/api/v1/" not in text and ":9410" not in text, alert.name
+
+
+def test_exporter_down_watches_the_scrape_jobs_it_is_given() -> None:
+    assert A.EXPORTER_DOWN.expr.count('up{job=~"auditor-nodes|auditor-serve"} == 0') == 2
+    rules = A.alert_rules("monitoring/auditor-nodes", "auditor-serve")
+    (down,) = [a for a in rules if a.name == "AuditorExporterDown"]
+    assert down.expr == A.EXPORTER_DOWN.expr.replace("auditor-nodes", "monitoring/auditor-nodes")
+    assert [a.name for a in rules] == [a.name for a in A.ALERT_RULES]
+    assert 'job=~"monitoring/auditor-nodes|' in A.render_rules("monitoring/auditor-nodes")
+    for bad in ("", 'a"b', "a|b", "a.*"):
+        with pytest.raises(ValueError, match="scrape job"):
+            A.exporter_down(bad)

@@ -22,7 +22,6 @@ from auditor.ops.boards import (
     JOB,
     PHASE_TITLES,
     RANK,
-    SERVE_URL_DEFAULT,
     phase,
     phase_breakdown,
 )
@@ -39,7 +38,7 @@ from auditor.samples import PHASES
 from tests.helpers.tools import require_tool
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-VARIABLES = {"datasource", "job", "node", "rank", "serve_url"}
+VARIABLES = {"datasource", "job", "node", "rank"}
 # Grafana's own variables that panel links and titles may use.
 GRAFANA_GLOBALS = {"__value", "__data", "__url_time_range", "__field", "__series"}
 
@@ -182,8 +181,6 @@ def test_variables(boards: dict[str, dict[str, Any]]) -> None:
         rank = variables["rank"]
         assert rank["definition"] == 'label_values(auditor_rank_info{auditor_job=~"$job"}, rank)'
         assert "$job" in variables["node"]["definition"]
-        serve = variables["serve_url"]
-        assert serve["type"] == "textbox" and serve["query"] == SERVE_URL_DEFAULT
         selectors = dict(variable_selectors(board))
         assert set(selectors) == {"job", "node", "rank"}
         for selector in selectors.values():
@@ -283,9 +280,12 @@ def test_cluster_overview_panels(boards: dict[str, dict[str, Any]]) -> None:
         assert label in finding
     assert "merge" in [t["id"] for t in findings["transformations"]]
 
-    fixes = [p for p in content_panels(board) if p["type"] == "text"]
-    assert fixes and "${serve_url}/api/v1/findings" in fixes[0]["options"]["content"]
-    assert any(link["url"] == "${serve_url}/api/v1/findings" for link in board["links"])
+    fixes = by_title(board, "What to change, per rank")
+    assert fixes["type"] == "table"
+    (fix,) = exprs(fixes)
+    assert metric_names(fix) == {C.FINDING_FIX_INFO.name}
+    for label in ("auditor_job", "kind", "rank", "node", "fix"):
+        assert label in fix
 
     imbalance = by_title(board, "Job imbalance ratio")
     assert metric_names(exprs(imbalance)[0]) == {C.JOB_IMBALANCE_RATIO.name}
@@ -631,6 +631,9 @@ _LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "kind": ("data_starvation",),
     "severity": ("warning",),
     "reason": ("hw_slowdown",),
+    "current": ("0",),
+    "proposed": ("7",),
+    "fix": ("num_workers 0 -> 7, pin_memory=True; expect about 4.6x",),
 }
 
 
@@ -693,3 +696,22 @@ def test_every_query_returns_data_on_a_complete_cluster(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+
+
+def test_every_board_has_the_fixes_table_and_no_link_to_a_port(
+    boards: dict[str, dict[str, Any]],
+) -> None:
+    """What to change on which rank is read from Prometheus on every board, beside the findings;
+    nothing points at auditor serve's own port, which the documented SSH tunnel and KubeRay's
+    ClusterIP service do not reach."""
+    for uid, board in boards.items():
+        table = by_title(board, "What to change, per rank")
+        assert table["type"] == "table", uid
+        (fix,) = exprs(table)
+        assert metric_names(fix) == {C.FINDING_FIX_INFO.name}
+        assert fix.startswith("max by (auditor_job, kind, rank, node, fix) (")
+        names = {o["matcher"]["options"]: o for o in table["fieldConfig"]["overrides"]}
+        assert {"id": "displayName", "value": "what to change"} in names["fix"]["properties"]
+        text = json.dumps(board)
+        for dead in ("9410", "serve_url", "/api/v1/"):
+            assert dead not in text, (uid, dead)

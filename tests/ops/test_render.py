@@ -23,6 +23,7 @@ def test_artifacts_are_the_dashboards_provisioning_and_rules() -> None:
     files = r.artifacts()
     has_alerts = importlib.util.find_spec("auditor.ops.alerts") is not None
     expected = DASHBOARD_FILES | PROVISIONING | ({r.RULES_PATH} if has_alerts else set())
+    expected |= {r.DCGM_COUNTERS_PATH}
     assert set(files) == expected
     for rel in DASHBOARD_FILES:
         board = json.loads(files[rel])
@@ -137,3 +138,88 @@ def test_the_committed_files_are_current(capsys: pytest.CaptureFixture[str]) -> 
     """CI's check: the files in the repository are what the code renders."""
     code = main(["dashboards", "render", "--root", str(REPO), "--check"])
     assert code == 0, "stale: " + capsys.readouterr().out + " (run: auditor dashboards render)"
+
+
+# --- settings of the generated provisioning -----------------------------------------------------
+
+
+def test_the_data_source_url_and_the_scrape_jobs_are_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pointing the provisioned data source at another Prometheus, and the rules at other scrape
+    job names, is an option of the render, not an edit of the code; --check compares with the
+    render of the same settings, so the defaults are what the repository commits."""
+    settings = [
+        "--datasource-url",
+        "https://prometheus.monitoring.svc:9090/prom",
+        "--nodes-scrape-job",
+        "monitoring/auditor-nodes",
+        "--serve-scrape-job",
+        "auditor_serve",
+    ]
+    root = ["dashboards", "render", "--root", str(tmp_path)]
+    assert main([*root, *settings]) == 0
+    capsys.readouterr()
+    (ds,) = yaml.safe_load((tmp_path / r.DATASOURCE_PROVISIONING).read_text())["datasources"]
+    assert ds["url"] == "https://prometheus.monitoring.svc:9090/prom"
+    assert ds["uid"] == DATASOURCE_UID
+    rules = yaml.safe_load((tmp_path / r.RULES_PATH).read_text())
+    (down,) = [
+        rule
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "AuditorExporterDown"
+    ]
+    assert 'up{job=~"monitoring/auditor-nodes|auditor_serve"} == 0' in down["expr"]
+    # The same settings: up to date; the defaults: the two files that hold settings differ.
+    assert main([*root, *settings, "--check"]) == 0
+    capsys.readouterr()
+    assert main([*root, "--check"]) == 1
+    assert set(capsys.readouterr().out.split()) == {r.DATASOURCE_PROVISIONING, r.RULES_PATH}
+    # The dashboards themselves do not depend on the settings (they pick the data source by uid).
+    for rel in DASHBOARD_FILES:
+        assert (tmp_path / rel).read_text() == r.artifacts()[rel]
+
+
+def test_the_settings_have_environment_twins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AUDITOR_DATASOURCE_URL", "http://10.0.0.5:9090")
+    monkeypatch.setenv("AUDITOR_NODES_SCRAPE_JOB", "gpu-nodes")
+    monkeypatch.setenv("AUDITOR_SERVE_SCRAPE_JOB", "gpu-serve")
+    assert main(["dashboards", "render", "--root", str(tmp_path)]) == 0
+    text = (tmp_path / r.DATASOURCE_PROVISIONING).read_text()
+    assert "    url: http://10.0.0.5:9090\n" in text
+    assert 'up{job=~"gpu-nodes|gpu-serve"} == 0' in (tmp_path / r.RULES_PATH).read_text()
+    # The command line wins over the twin.
+    argv = ["dashboards", "render", "--root", str(tmp_path), "--datasource-url", r.PROMETHEUS_URL]
+    assert main(argv) == 0
+    assert f"    url: {r.PROMETHEUS_URL}\n" in (tmp_path / r.DATASOURCE_PROVISIONING).read_text()
+
+
+def test_the_defaults_render_the_committed_provisioning() -> None:
+    assert r.provisioning() == r.DEFAULT == r.Provisioning()
+    assert r.artifacts(r.DEFAULT) == r.artifacts()
+    committed = (REPO / r.DATASOURCE_PROVISIONING).read_text()
+    assert f"    url: {r.PROMETHEUS_URL}\n" in committed
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--datasource-url", "prometheus:9090", "data source URL"),
+        ("--datasource-url", "ftp://prometheus:9090", "data source URL"),
+        ("--datasource-url", "http://prometheus:9090/ x", "data source URL"),
+        ("--datasource-url", "http://prometheus:9090/#x", "data source URL"),
+        ("--nodes-scrape-job", "auditor nodes", "scrape job"),
+        ("--serve-scrape-job", 'a"b', "scrape job"),
+        ("--serve-scrape-job", "auditor-.*", "scrape job"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_writes_nothing(
+    tmp_path: Path, option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dashboards", "render", "--root", str(tmp_path), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("auditor: error: ") and message in err
+    assert not list(tmp_path.iterdir())

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from auditor.probe.patches.dataloader import batch_size_of
+from auditor.probe.batches import batch_size_of
 from auditor.samples import StepSample
 
 from . import TRAIN, Job, JobResult, free_port

@@ -115,12 +115,15 @@ def test_verdict_and_fixes_are_at_the_top(page: str) -> None:
 def test_plots_carry_every_rank_and_gpu(page: str) -> None:
     figs = figures_of(page)
     assert set(figs) == {
+        "plot-run-time",
         "plot-breakdown",
         "plot-step-time",
         "plot-gpu-busy",
         "plot-gpu-memory",
         "plot-worker-cpu",
     }
+    run = [t for t in figs["plot-run-time"]["data"] if t["type"] == "bar"]
+    assert run and all(t["y"] == ["rank 0", "rank 1"] for t in run)
     bars = [t for t in figs["plot-breakdown"]["data"] if t["type"] == "bar"]
     assert [t["name"] for t in bars][: len(BREAKDOWN)] == list(BREAKDOWN)
     assert all(t["x"] == ["rank 0", "rank 1"] for t in bars)
@@ -158,7 +161,7 @@ def test_plots_carry_every_rank_and_gpu(page: str) -> None:
 def test_page_draws_after_load_and_reports_what_it_drew(page: str) -> None:
     assert 'id="auditor-render-status"' in page
     assert "Plotly.newPlot" in without_library(page)
-    assert 'data-expected="5"' in page
+    assert 'data-expected="6"' in page
 
 
 def test_breakdown_adds_up_to_the_step() -> None:
@@ -190,13 +193,14 @@ def test_cpu_run_says_no_gpu_was_seen() -> None:
     figs = figures_of(page)
     assert "plot-gpu-busy" not in figs and "plot-gpu-memory" not in figs
     assert "No GPU was seen" in page
-    assert 'data-expected="3"' in page
+    assert 'data-expected="4"' in page
 
 
 def test_page_from_a_json_report_alone() -> None:
     report = report_of(starved_store())
     page = render_html(report, series=None)
-    assert set(figures_of(page)) == {"plot-breakdown"}
+    # The run's account is in the JSON: its bar is drawn without the samples.
+    assert set(figures_of(page)) == {"plot-run-time", "plot-breakdown"}
     assert "without its samples" in page
     assert "Verdict: rank 1 holds the job back" in page
 
@@ -314,8 +318,8 @@ def _budget_page(*budgets: MemoryBudget) -> tuple[dict[str, Any], str]:
 def test_memory_bar_beside_the_breakdown_when_budgets_exist() -> None:
     report, page = _budget_page(budget(0), budget(1, other_module_bytes=100 * MIB))
     figs = figures_of(page)
-    assert set(figs) == {"plot-breakdown", "plot-memory-budget"}
-    assert 'data-expected="2"' in page
+    assert set(figs) == {"plot-run-time", "plot-breakdown", "plot-memory-budget"}
+    assert 'data-expected="3"' in page
     # One row: the step breakdown, then the memory bar, in one side-by-side block.
     pair = page[page.index('<div class="pair">') :]
     pair = pair[: pair.index("</div></section></div>")]

@@ -17,6 +17,7 @@ from auditor.analysis.devices import device_stats
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import rank_stats, rank_stats_from_columns
 from auditor.metrics import catalog as C
+from auditor.metrics import dcgm as D
 from auditor.metrics.query import Series
 from auditor.report.phrasing import phrase
 from auditor.samples import ProcessCpu, RankInfo, StepSample
@@ -296,7 +297,10 @@ def test_every_query_names_catalog_metrics_and_parses(tmp_path: Path) -> None:
     for key, expr in exprs.items():
         # auditor_job is the training job's label, not a metric.
         names = set(re.findall(r"\bauditor_[a-z0-9_]+", expr)) - {C.JOB_LABEL}
-        assert names and names <= set(C.BY_NAME), (key, names)
+        # dcgm-exporter's series (auditor.metrics.dcgm) where serve reads GPUs from it.
+        dcgm = set(re.findall(r"\bDCGM_FI_[A-Z0-9_]+", expr))
+        assert names | dcgm and names <= set(C.BY_NAME), (key, names)
+        assert dcgm <= set(D.BY_NAME) | set(D.THROTTLE_FIELDS), (key, dcgm)
     promtool = require_tool("promtool")
     rules = {
         "groups": [

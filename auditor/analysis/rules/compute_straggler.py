@@ -14,7 +14,9 @@ was measured, waits less than its peers; a rank that only waits is never blamed.
 The phase with the largest excess over the peers' median names where to look. Per-sample
 normalisation leaves uneven batches to ``batch_split``; data wait is excluded (``data_starvation``);
 a rank whose host is oversubscribed by its own DataLoader workers is left to
-``cpu_oversubscription``, which explains its slower compute.
+``cpu_oversubscription``, which explains its slower compute; a rank that stalls (``stall``: a
+checkpoint every few steps) is that finding's, as its stalls weigh in its duration-weighted
+medians.
 """
 
 from __future__ import annotations
@@ -224,5 +226,5 @@ RULE = Rule(
     thresholds=Thresholds,
     measure=measure,
     decide=decide,
-    explained_by=("cpu_oversubscription", "hardware_straggler"),
+    explained_by=("cpu_oversubscription", "hardware_straggler", "stall"),
 )

@@ -9,8 +9,8 @@ that wait least at the all-reduce, among the ranks where the wait was measured. 
 that only wait: under DDP they look idle to the probe and fully busy to NVML, and either way they
 are not the cause. Where no wait was measured at all, a rank's busy time includes its waiting,
 so only a cause finding can attribute the spread; without one the rule stays silent. The cause
-is the earlier finding that blames the same ranks (uneven batch, compute straggler, data
-starvation), handed over as ``explained.findings`` in ``explained_by`` order (the most specific
+is the earlier finding that blames the same ranks (uneven batch, compute straggler, a stall,
+data starvation), handed over as ``explained.findings`` in ``explained_by`` order (the most specific
 first); its fixes (answering both findings) and its speed-up are carried over.
 
 Two kinds of rank are never blamed. A rank whose step is mostly collective wait
@@ -55,6 +55,7 @@ CAUSES = (
     "dataparallel_gather",
     "batch_split",
     "compute_straggler",
+    "stall",
     "data_starvation",
     "cpu_oversubscription",
 )

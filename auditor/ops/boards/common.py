@@ -1,6 +1,6 @@
 """What the three dashboards share: the label matchers, the query builders, the variables and
-links, the findings table, and the small constructors that turn a (query, legend) list into a
-panel.
+links, the findings and fixes tables, and the small constructors that turn a (query, legend) list
+into a panel.
 
 Every query names catalog metrics (``C.X.name``) or recorded series (``R.X.record``), never a
 literal metric name, so a renamed metric breaks the build here rather than a panel in production.
@@ -22,17 +22,13 @@ from auditor.ops.grafana import (
     Stat,
     Table,
     Target,
-    Text,
-    TextboxVariable,
     Threshold,
     TimeSeries,
 )
 
 TAGS = ("auditor", "gpu")
-SERVE_URL_DEFAULT = "http://127.0.0.1:9410"
 # The uid of the data source dashboards/provisioning creates (auditor/ops/render.py).
 DATASOURCE_UID = "auditor-prometheus"
-FINDINGS_PATH = "/api/v1/findings"
 # Colour bands of the "underused" tables: below half busy is red. The alert rules judge with their
 # own thresholds (auditor/ops/alerts.py); this is only how the table is coloured.
 UNDERUSED_BUSY_RATIO = 0.5
@@ -176,7 +172,7 @@ SEVERITY_MAPPINGS: Json = {
 # --- what every dashboard has ---------------------------------------------------------------------
 
 
-def variables() -> tuple[DatasourceVariable | QueryVariable | TextboxVariable, ...]:
+def variables() -> tuple[DatasourceVariable | QueryVariable, ...]:
     """The variables every auditor dashboard has."""
     return (
         DatasourceVariable(default_uid=DATASOURCE_UID),
@@ -197,19 +193,11 @@ def variables() -> tuple[DatasourceVariable | QueryVariable | TextboxVariable, .
             query=f"label_values({sel(C.RANK_INFO.name, JOB)}, rank)",
             sort=3,
         ),
-        TextboxVariable(name="serve_url", label="auditor serve URL", default=SERVE_URL_DEFAULT),
     )
 
 
 def links() -> tuple[Link, ...]:
-    return (
-        Link(title="Auditor dashboards", tags=("auditor",), include_vars=True, keep_time=True),
-        Link(
-            title="Findings with per-rank fixes (auditor serve)",
-            url="${serve_url}" + FINDINGS_PATH,
-            tooltip="JSON from auditor serve: every finding with its fix for each rank",
-        ),
-    )
+    return (Link(title="Auditor dashboards", tags=("auditor",), include_vars=True, keep_time=True),)
 
 
 def findings_table(*matchers: str, w: int = 16, h: int = 9) -> Table:
@@ -226,8 +214,8 @@ def findings_table(*matchers: str, w: int = 16, h: int = 9) -> Table:
     )
     return Table(
         title="Current findings",
-        description="One row per blamed rank (rank empty: the whole job). The fix for each rank "
-        "is in the auditor serve JSON (link on the right).",
+        description="One row per blamed rank (rank empty: the whole job). What to change on each "
+        "rank is in the table below.",
         w=w,
         h=h,
         targets=(instant(finding), instant(speedup)),
@@ -258,18 +246,38 @@ def findings_table(*matchers: str, w: int = 16, h: int = 9) -> Table:
     )
 
 
-def fixes_text(w: int = 8, h: int = 9) -> Text:
-    url = "${serve_url}" + FINDINGS_PATH
-    return Text(
-        title="Per-rank fixes",
+def fixes_table(*matchers: str, w: int = 24, h: int = 8) -> Table:
+    """What to change on each blamed rank: the ``fix`` words of ``auditor_finding_fix_info``, one
+    row per finding and rank (its levers folded into the words), read from Prometheus like every
+    other panel, so the one thing an operator came for needs no other port. Rank empty: a GPU
+    no rank owns."""
+    fixes = max_by("auditor_job, kind, rank, node, fix", sel(C.FINDING_FIX_INFO.name, *matchers))
+    return Table(
+        title="What to change, per rank",
+        description="The change the auditor proposes for each blamed rank, with the speed-up to "
+        "expect where it is predicted (auditor_finding_fix_info; the same words as the verdict "
+        "of auditor run and the JSON of auditor serve).",
         w=w,
         h=h,
-        content=(
-            "The fix for each blamed rank is text, not a metric: `auditor serve` serves every "
-            f"current finding as JSON at\n\n**[{url}]({url})**\n\n"
-            "Each entry has `job`, `kind`, `severity`, `ranks`, `summary`, `fixes` "
-            "(`{rank: what to change}`) and `predicted_speedup`.\n\n"
-            "Point the *auditor serve URL* variable at your `auditor serve` if it is not "
-            f"`{SERVE_URL_DEFAULT}`."
+        targets=(instant(fixes),),
+        transformations=(
+            organize(
+                exclude=("Time", "Value"),
+                order=("auditor_job", "rank", "node", "kind", "fix"),
+            ),
         ),
+        overrides=(
+            override(
+                "fix",
+                ("displayName", "what to change"),
+                ("custom.cellOptions", {"type": "auto", "wrapText": True}),
+            ),
+            override("auditor_job", ("custom.width", 160)),
+            override("rank", ("custom.width", 60), ("links", [RANK_LINK])),
+            override("node", ("custom.width", 120), ("links", [NODE_LINK])),
+            override("kind", ("custom.width", 170)),
+        ),
+        sort_by="rank",
+        sort_desc=False,
+        no_value="nothing to change",
     )

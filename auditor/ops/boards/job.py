@@ -17,7 +17,7 @@ from auditor.ops.boards.common import (
     alarm_from,
     dashed,
     findings_table,
-    fixes_text,
+    fixes_table,
     instant,
     links,
     max_by,
@@ -40,7 +40,10 @@ def job_view() -> Dashboard:
     # rank="" is a job-wide finding: kept whichever ranks are selected.
     findings = Row(
         title="Findings of the job",
-        panels=(findings_table(JOB, 'rank=~"$rank|"'), fixes_text()),
+        panels=(
+            findings_table(JOB, 'rank=~"$rank|"', w=24, h=7),
+            fixes_table(JOB, 'rank=~"$rank|"'),
+        ),
     )
     return Dashboard(
         uid="auditor-job",

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..hooks import Probe
+    from ..probe import Probe
 
 # torch.distributed functions timed as collective wait (those this torch has).
 COLLECTIVES = (

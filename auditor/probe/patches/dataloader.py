@@ -6,40 +6,33 @@ epoch. The rank reports the training loader's: the first loader with a backward 
 step between two of its batches (an evaluation loop has none, and its loader often has other
 workers: Lightning's ``val_dataloader``, the Trainer's periodic evaluation). Until one has
 trained, the loader iterated last.
+
+``DataLoader.__init__`` only where ``auditor run --apply`` planned loader levers for some rank
+(:mod:`auditor.probe.apply`): a loader built on a named rank that matches the report's training
+loader is built again with the levers set, through DataLoader's own ``__init__`` (so its own
+checks hold); the rank reports what it moved and what it kept. Iterating a loader costs nothing
+more.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import os
+import sys
 import weakref
+from dataclasses import asdict
 from time import thread_time
 from typing import TYPE_CHECKING, Any
 
 from auditor.samples import LoaderConfig
 
+from ..apply import REFUSED, RankPlan, changes, read_plan
+from ..batches import batch_size_of
+
 if TYPE_CHECKING:
-    from ..hooks import Probe
-
-
-def batch_size_of(batch: Any, _depth: int = 0) -> int | None:
-    """Samples in a batch: the leading dimension of its first tensor (tuples, lists, dicts)."""
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) else None
-    if _depth > 3:
-        return None
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            n = batch_size_of(item, _depth + 1)
-            if n is not None:
-                return n
-    elif isinstance(batch, dict):
-        for item in batch.values():
-            n = batch_size_of(item, _depth + 1)
-            if n is not None:
-                return n
-    return None
+    from ..probe import Probe
 
 
 def hook_dataloader(probe: Probe, torch: Any) -> None:
@@ -96,6 +89,72 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
 
     base_iter.__next__ = __next__
     dl.DataLoader.__iter__ = __iter__
+    try:
+        _hook_apply(probe, dl)
+    except Exception as exc:  # the data wait is still timed; the loaders stay as the script says
+        if os.environ.get("AUDITOR_DEBUG"):
+            print(f"auditor probe: --apply not installed: {exc!r}", file=sys.stderr)
+
+
+def _hook_apply(probe: Probe, dl: Any) -> None:
+    """``auditor run --apply``: DataLoader.__init__ sets the planned levers on the named ranks'
+    training loaders (module doc). Not patched at all without a plan."""
+    plan = read_plan(os.environ)
+    if not plan:
+        return
+    orig_init = dl.DataLoader.__init__
+    signature = inspect.signature(orig_init)
+
+    @functools.wraps(orig_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)  # as the script said: its errors are its own
+        if not probe.enabled:
+            return
+        mine = plan.get(probe.rank())
+        if mine is not None:
+            try:
+                _apply(probe, mine, orig_init, signature, self, args, kwargs)
+            except Exception:
+                pass  # never break the job: the loader stays as built
+
+    dl.DataLoader.__init__ = __init__
+
+
+def _apply(
+    probe: Probe,
+    plan: RankPlan,
+    orig_init: Any,
+    signature: inspect.Signature,
+    loader: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Build ``loader`` again with the plan's levers, where it is the training loader."""
+    config = asdict(_loader_config(loader))
+    if not plan.matches(config):
+        return
+    iterable = getattr(loader, "_dataset_kind", 0) == 1  # torch's _DatasetKind.Iterable
+    moves, kept = changes(plan, config, iterable=iterable)
+    if moves:
+        bound = signature.bind(loader, *args, **kwargs)
+        for lever, (_, to) in moves.items():
+            bound.arguments[lever] = to
+        try:
+            _reinit(loader, orig_init, bound.args, bound.kwargs)
+        except Exception:
+            _reinit(loader, orig_init, (loader, *args), kwargs)  # back to the script's own
+            kept.update(dict.fromkeys((x for x in moves if x in plan.levers), REFUSED))
+            moves = {}
+    for lever, move in moves.items():
+        probe.applied.setdefault(lever, move)
+    for lever, reason in kept.items():
+        probe.apply_kept.setdefault(lever, reason)
+
+
+def _reinit(loader: Any, orig_init: Any, args: Any, kwargs: Any) -> None:
+    # DataLoader refuses some attributes once initialised (batch_size, sampler, ...): built anew.
+    object.__setattr__(loader, "_DataLoader__initialized", False)
+    orig_init(*args, **kwargs)
 
 
 class _SeenLoader:

@@ -6,7 +6,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..hooks import Probe
+    from ..probe import Probe
 
 
 def hook_dataparallel(probe: Probe, torch: Any) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..clock import StepClock
 
 if TYPE_CHECKING:
-    from ..hooks import Probe
+    from ..probe import Probe
 
 
 class TimedCommHook:

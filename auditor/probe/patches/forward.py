@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..hooks import Probe
+    from ..probe import Probe
 
 
 def hook_forward(probe: Probe, torch: Any) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..clock import PHASE_COLLECTIVE, PHASE_H2D
 
 if TYPE_CHECKING:
-    from ..hooks import Probe
+    from ..probe import Probe
 
 
 def hook_h2d(probe: Probe, torch: Any) -> None:

@@ -23,6 +23,7 @@ from . import (  # noqa: F401
     memory_headroom,
     memory_imbalance,
     memory_pressure,
+    stall,
     utilization_imbalance,
 )
 from .words import Phrase, phrase, phrase_facts

@@ -1,0 +1,26 @@
+"""How many samples a batch holds, whatever shape the script gives it (the probe and its
+DataLoader patch both ask)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def batch_size_of(batch: Any, _depth: int = 0) -> int | None:
+    """Samples in a batch: the leading dimension of its first tensor (tuples, lists, dicts)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if _depth > 3:
+        return None
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_size_of(item, _depth + 1)
+            if n is not None:
+                return n
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            n = batch_size_of(item, _depth + 1)
+            if n is not None:
+                return n
+    return None
