@@ -11,21 +11,16 @@ answers.
 
 from __future__ import annotations
 
-# Each module registers the wording of its rule's facts with phrase_facts on import.
-from . import (  # noqa: F401
-    batch_split,
-    compute_straggler,
-    cpu_oversubscription,
-    data_starvation,
-    dataparallel_gather,
-    hardware_straggler,
-    idle_device,
-    memory_headroom,
-    memory_imbalance,
-    memory_pressure,
-    stall,
-    utilization_imbalance,
-)
+import importlib
+import pkgutil
+
 from .words import Phrase, phrase, phrase_facts
+
+# Each module registers the wording of its rule's facts with phrase_facts on import; every module
+# of the package is one (``words`` the shared phrases), so a new rule's wording is found as its
+# rule is, by walking the package.
+for _info in pkgutil.iter_modules(__path__):
+    if not _info.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["Phrase", "phrase", "phrase_facts"]
