@@ -122,38 +122,20 @@ def page_figures(ranks: Sequence[RankEntry], series: Snapshot | None) -> list[Pl
             ("memory-budget", "Memory per rank (measured budget)", memory, "No budget measured.")
         )
     no_series = "Not available: this page was made from a JSON report without its samples."
-    figures.append(
-        (
-            "step-time",
-            "Step time per rank over the run",
-            step_time_figure(series) if series else None,
-            no_series if series is None else "No steps were measured.",
-        )
-    )
-    figures.append(
-        (
-            "gpu-busy",
-            "GPU busy time (NVML utilisation) over the run",
-            gpu_busy_figure(series) if series else None,
-            no_series if series is None else "No GPU was seen (a CPU run, or NVML unavailable).",
-        )
-    )
-    figures.append(
-        (
-            "gpu-memory",
-            "GPU memory over the run",
-            gpu_memory_figure(series) if series else None,
-            no_series if series is None else "No GPU memory was measured.",
-        )
-    )
-    figures.append(
-        (
-            "worker-cpu",
-            "DataLoader worker CPU per rank (cores)",
-            worker_cpu_figure(series) if series else None,
-            no_series if series is None else "No DataLoader worker CPU was measured.",
-        )
-    )
+    # The plots over the run: one table of (key, title, figure maker, what an empty one says).
+    over_run = (
+        ("step-time", "Step time per rank over the run", step_time_figure,
+         "No steps were measured."),
+        ("gpu-busy", "GPU busy time (NVML utilisation) over the run", gpu_busy_figure,
+         "No GPU was seen (a CPU run, or NVML unavailable)."),
+        ("gpu-memory", "GPU memory over the run", gpu_memory_figure,
+         "No GPU memory was measured."),
+        ("worker-cpu", "DataLoader worker CPU per rank (cores)", worker_cpu_figure,
+         "No DataLoader worker CPU was measured."),
+    )  # fmt: skip
+    for key, title, make, empty in over_run:
+        figure = make(series) if series else None
+        figures.append((key, title, figure, no_series if series is None else empty))
     return figures
 
 
