@@ -26,25 +26,15 @@ from auditor.analysis.rules.data_starvation import (
     NOT_PREDICTED,
 )
 from auditor.analysis.snapshot import Snapshot
-from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
+from tests.helpers.jobs import (
+    CPU_RANK,
+    TWO_CORES_BUSY,
+    TWO_CORES_ONE_IDLE,
+    NodeSpec,
+    ddp_snapshot,
+)
 from tests.helpers.snapshots import collective_ops, data_cpu, host_available, process_memory
 from tests.helpers.units import GIB
-
-# A CPU job's rank (no device copy): 95 ms of own work a step, the main process loads.
-CPU_RANK = RankSpec(
-    h2d=0.0,
-    forward=0.030,
-    backward=0.060,
-    optimizer=0.005,
-    num_workers=0,
-    main_cpu=0.95,
-    worker_cpu=None,
-    device="cpu",
-    pin_memory=False,
-    persistent_workers=False,
-)
-TWO_CORES_BUSY = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
-TWO_CORES_ONE_IDLE = {"node0": NodeSpec(cores=2.0, busy_cores=1.0)}
 
 
 def _only(findings: list[Finding], kind: str = "data_starvation") -> Finding:

@@ -276,3 +276,21 @@ def oversubscribed_2core() -> tuple[list[RankSpec], dict[str, NodeSpec]]:
 def accumulating(specs: list[RankSpec], n: int = 4) -> list[RankSpec]:
     """The same per-step batches, each step made of ``n`` micro-batches."""
     return [replace(s, micro_batches=n) for s in specs]
+
+
+# A CPU job's rank: no device copy, 95 ms of own work a step, the main process loading
+# (num_workers=0); and its two-core host, saturated or with one core idle.
+CPU_RANK = RankSpec(
+    h2d=0.0,
+    forward=0.030,
+    backward=0.060,
+    optimizer=0.005,
+    num_workers=0,
+    main_cpu=0.95,
+    worker_cpu=None,
+    device="cpu",
+    pin_memory=False,
+    persistent_workers=False,
+)
+TWO_CORES_BUSY = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}
+TWO_CORES_ONE_IDLE = {"node0": NodeSpec(cores=2.0, busy_cores=1.0)}
