@@ -13,12 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from auditor.analysis import SampleStore, analyze
+from auditor.analysis import SampleStore
+from auditor.analysis.consistency import SetAside
+from auditor.analysis.engine import review
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
 from auditor.report.json_report import make_report
 from auditor.report.model import DeadRank as DeadRank
 from auditor.report.model import Report, ReportFinding
+from auditor.report.set_aside import sentence as set_aside_sentence
 from auditor.samples import Batch
 
 Overrides = Mapping[str, Mapping[str, Any]]
@@ -40,6 +43,8 @@ class Verdict:
     imbalance_ratio: float | None
     # The window judged: (start, end), wall-clock seconds.
     window: tuple[float, float]
+    # Findings the review set aside, each with the reason (one report, one story).
+    set_aside: tuple[SetAside, ...] = ()
 
     @property
     def predicted_speedup(self) -> float:
@@ -58,6 +63,7 @@ class Verdict:
             else round(self.imbalance_ratio, 4),
             "predicted_speedup": round(self.predicted_speedup, 3),
             "findings": [finding_dict(self, f) for f in self.findings],
+            "set_aside": [s.to_dict() for s in self.set_aside],
         }
 
 
@@ -85,12 +91,14 @@ def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> Verdict:
     """The verdict on one snapshot: every rule (with ``overrides``' thresholds), and the job's
     shape. The one place outside the rules that runs them, whichever path built the snapshot
     (the live store, a recording, Prometheus' window aggregates)."""
+    reviewed = review(snapshot, overrides)
     return Verdict(
         job=snapshot.job,
         ranks=len(snapshot.ranks),
         world_size=snapshot.world_size,
         nodes={v.info.rank: v.info.host for v in snapshot.ranks},
-        findings=tuple(analyze(snapshot, overrides)),
+        findings=reviewed.findings,
+        set_aside=reviewed.set_aside,
         imbalance_ratio=imbalance_ratio(snapshot),
         window=(snapshot.start, snapshot.end),
     )
@@ -115,6 +123,7 @@ class Audit:
         }
         self.store = SampleStore(job, on_add=on_add, warmup_steps=warmup_steps)
         self.findings: list[Finding] = []
+        self.set_aside: tuple[SetAside, ...] = ()
         self._last_step: dict[int, int] = {}
         self._died: dict[int, DeadRank] = {}
         self.nodes: list[dict[str, Any]] = []  # the job view's node states (multi-node jobs)
@@ -160,6 +169,7 @@ class Audit:
         latest findings."""
         verdict = judge(snap, self.overrides)
         self.findings = list(verdict.findings)
+        self.set_aside = verdict.set_aside
         return verdict
 
     def final(
@@ -187,6 +197,8 @@ class Audit:
         """The final report, with the job's nodes and dead ranks where there are."""
         snap, findings = self.final(now, window_s)
         notes = list(notes)
+        labels = {u: d.label for u, d in snap.gpu_stats.items()}
+        notes += [set_aside_sentence(s, labels) for s in self.set_aside]
         dead = self.dead_ranks
         if not interrupted:
             notes += [d.sentence() for d in dead if d.first]

@@ -7,7 +7,10 @@ Steps of :func:`analyze`:
 2. *measure, decide*: each rule of the registry (:mod:`auditor.analysis.rules`), in listing
    order, measures its inputs and decides, given what the rules it declares ``explained_by``
    concluded (they come before it).
-3. *order*: most severe first, then the largest speed-up; ties in listing order.
+3. *review*: the findings are checked against each other and against the run's time
+   (:mod:`~auditor.analysis.consistency`): a contradiction is resolved by the stronger
+   evidence, and the finding that loses is set aside with its reason.
+4. *order*: most severe first, then the largest speed-up; ties in listing order.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .consistency import Review
+from .consistency import review as check
 from .findings import Finding, finding_order
 from .rules import REGISTRY, RULES
 from .snapshot import Snapshot
@@ -47,6 +52,12 @@ def analyze(
     ``overrides`` maps a rule name to threshold keyword arguments, e.g.
     ``{"data_starvation": {"min_wait_ratio": 0.3}}``; unknown names raise ``ValueError``.
     """
+    return list(review(snapshot, overrides).findings)
+
+
+def review(snapshot: Snapshot, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Review:
+    """Every rule's findings for ``snapshot``, checked for contradictions (most severe first),
+    and the findings set aside with their reasons."""
     given = settings(overrides)
     found: dict[str, list[Finding]] = {}
     for rule in REGISTRY:
@@ -55,4 +66,6 @@ def analyze(
         for f in found[rule.kind]:
             if f.kind not in RULES:
                 raise ValueError(f"{rule.kind} gave a finding of unknown kind {f.kind!r}")
-    return sorted((f for rule in REGISTRY for f in found[rule.kind]), key=finding_order)
+    ordered = sorted((f for rule in REGISTRY for f in found[rule.kind]), key=finding_order)
+    checked = check(ordered, snapshot, wait_share=given["utilization_imbalance"].min_spread)
+    return Review(tuple(sorted(checked.findings, key=finding_order)), checked.set_aside)

@@ -27,6 +27,7 @@ from auditor.samples import (
 
 from .accounting import Account, RunTotals, account
 from .devices import DeviceStats, owners_of, rank_gpus, reduce_devices, strays_of
+from .history import RankHistory
 from .stats import RankStats, rank_stats
 
 _T = TypeVar("_T")
@@ -78,6 +79,10 @@ class Snapshot:
     # (:func:`~.stats.rank_stats_from_columns`) instead of reducing each rank's samples again.
     # None: ``stats`` reduces ``ranks`` on first use.
     precomputed_stats: dict[int, RankStats] | None = field(default=None, repr=False, compare=False)
+    # Each rank's whole run as series over steps, bounded (:mod:`.history`): what the rules that
+    # judge the run over time read (memory that climbs, a rank that turned slow). Empty where
+    # the source keeps no history (serve's Prometheus windows).
+    history: dict[int, RankHistory] = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def stats(self) -> dict[int, RankStats]:
@@ -239,6 +244,7 @@ class SampleStore:
         self._ended: set[int] = set()
         self._total: dict[int, int] = {}
         self._run: dict[int, RunTotals] = {}
+        self._history: dict[int, RankHistory] = {}
         self._memory: dict[int, list[MemoryBudget]] = {}
         self._max_steps = max_steps_per_rank
         self._max_cpu = max_cpu_per_rank
@@ -253,6 +259,10 @@ class SampleStore:
             if run is None:
                 run = self._run[s.rank] = RunTotals()
             run.add(s)
+            hist = self._history.get(s.rank)
+            if hist is None:
+                hist = self._history[s.rank] = RankHistory(s.rank)
+            hist.add(s)
         for c in batch.processes:
             self._cpu.setdefault(c.rank, deque(maxlen=self._max_cpu)).append(c)
         self._nodes.extend(batch.nodes)
@@ -303,6 +313,10 @@ class SampleStore:
                 out[rank] = a
         return out
 
+    def history(self) -> dict[int, RankHistory]:
+        """Each rank's run so far as series over steps, warm-up included (frozen copies)."""
+        return {r: h.frozen() for r, h in self._history.items()}
+
     def latest_time(self) -> float | None:
         """The newest sample time seen, the natural "now" for replayed data."""
         times = [d[-1].time for d in self._steps.values() if d]
@@ -351,4 +365,5 @@ class SampleStore:
             devices=devices,
             total_steps=self.total_steps(),
             accounts=self.accounts(),
+            history=self.history(),
         )

@@ -155,6 +155,7 @@ def test_analyze_fails_on_findings_as_run_does(tmp_path: Path) -> None:
     assert cli("analyze", str(path))[0] == 0
     # Thresholds that find nothing: nothing fails.
     relaxed = ("--set", "data_starvation.min_wait_ratio=0.99", "--fail-on", "warning")
+    relaxed += ("--set", "utilization_imbalance.min_spread=0.99")
     code, out, _ = cli("analyze", str(path), "--json", *relaxed)
     assert code == 0, [(f["kind"], f["severity"]) for f in json.loads(out)["findings"]]
 

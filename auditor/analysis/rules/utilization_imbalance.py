@@ -127,6 +127,9 @@ class Facts:
     peers: bool = True
     unmeasured: tuple[int, ...] = ()
     gpu_busy: bool = False
+    # Judged over the run's steps after warm-up from each rank's history (the time account's
+    # check, :mod:`auditor.analysis.consistency`), not over the window's medians.
+    run: bool = False
 
 
 def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
@@ -253,6 +256,46 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             gpus=named_gpus,
         )
     ]
+
+
+def account_finding(
+    *,
+    culprits: tuple[int, ...],
+    busy: Mapping[int, float],
+    wait_share: Mapping[int, float],
+    steps: Mapping[int, int],
+    speedup: float,
+    severity: str,
+    cause: Finding | None,
+) -> Finding:
+    """The spread as the run's time shows it where the window's rules named no cause worth a
+    warning (:mod:`auditor.analysis.consistency`): ``busy`` is each rank's share of its steps
+    not spent waiting at the collectives, the culprits the ranks the others waited for."""
+    hi_r = max(busy.items(), key=itemgetter(1))[0]
+    lo_r = min(busy.items(), key=itemgetter(1))[0]
+    facts = Facts(
+        spread=Spread(hi_r, busy[hi_r], lo_r, busy[lo_r]),
+        cause=cause,
+        busy={r: busy[r] for r in culprits},
+        run=True,
+    )
+    evidence: dict[str, object] = {
+        "source": "run_steps",
+        "busy_ratio": {str(r): round(b, 3) for r, b in sorted(busy.items())},
+        "collective_wait_share": {str(r): w for r, w in sorted(wait_share.items())},
+        "steps": {str(r): n for r, n in sorted(steps.items())},
+        "spread": round(busy[hi_r] - busy[lo_r], 3),
+    }
+    return Finding(
+        kind=KIND,
+        severity=severity,
+        ranks=culprits,
+        facts=facts,
+        evidence=evidence,
+        predicted_speedup=speedup,
+        cause=cause.kind if cause else None,
+        fixes=_fixes(list(culprits), cause, speedup),
+    )
 
 
 def _fixes(blamed: list[int], cause: Finding | None, speedup: float | None) -> tuple[Fix, ...]:

@@ -21,6 +21,8 @@ def _(facts: Facts, finding: Finding) -> Phrase:
         f"{'GPU ' if spread.gpus else ''}busy time spread {fmt_pct(spread.high_busy)} "
         f"({_name(spread.high)}) against {fmt_pct(spread.low_busy)} ({_name(spread.low)})"
     )
+    if facts.run:
+        what += " over the run's steps"
     because = f" because of {facts.cause.kind}" if facts.cause else ""
     if facts.peers:
         wait_for = f"the others wait for {ranks_text(blamed)}"
