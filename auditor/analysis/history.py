@@ -5,7 +5,8 @@ The sample store keeps the latest steps (its window) and the run's totals (the a
 says *when* something changed. :class:`RankHistory` keeps every step of the run folded into at
 most ``max_buckets`` consecutive buckets of equal width in steps: while the run is short each
 bucket is one step; when the buckets are full, neighbours are merged pairwise and the width
-doubles. A run of a week costs the same few kilobytes per rank as a run of a minute, and a
+doubles. A run of a week costs what a run of a few minutes does (bounded, well under 1 MB a
+rank: ``bench/history_cost.py``), and a
 change is placed within one bucket: ``1/max_buckets`` to ``2/max_buckets`` of the run's steps.
 
 Per bucket: its steps, the wall-clock time its first step started and its last step ended, the
@@ -23,7 +24,7 @@ from dataclasses import dataclass, fields
 
 from auditor.samples import StepSample
 
-# Buckets kept per rank: 512 buckets of about 120 bytes each. A change is placed within 0.2-0.4%
+# Buckets kept per rank (each a few hundred bytes with its float objects). A change is placed within 0.2-0.4%
 # of the run's steps.
 MAX_BUCKETS = 512
 # The per-step figures a bucket sums, as ``StepSample`` names them (``other_s``: time in no
@@ -43,7 +44,7 @@ SUMMED = (
 LEVELS = ("rss_bytes", "mem_allocated_bytes", "mem_reserved_bytes")
 
 
-@dataclass
+@dataclass(slots=True)
 class Bucket:
     """Consecutive steps of one rank, folded (mutable while the history fills it)."""
 
@@ -146,9 +147,11 @@ class RankHistory:
         self._buckets.append(Bucket.of(s))
 
     def _halve(self) -> None:
+        # New buckets, never the old ones changed: a full bucket is never changed again, so
+        # frozen copies share them (only the filling last bucket is copied).
         merged: list[Bucket] = []
         for i in range(0, len(self._buckets) - 1, 2):
-            a = self._buckets[i]
+            a = self._buckets[i].copy()
             a.merge(self._buckets[i + 1])
             merged.append(a)
         if len(self._buckets) % 2:
@@ -166,10 +169,11 @@ class RankHistory:
         return sum(b.steps for b in self._buckets)
 
     def frozen(self) -> RankHistory:
-        """A copy that later steps do not change (what a snapshot holds)."""
+        """A copy that later steps do not change (what a snapshot holds): the full buckets
+        are shared (the history never changes one), the filling last one is copied."""
         out = RankHistory(self.rank, max_buckets=self.max_buckets)
         out.width = self.width
-        out._buckets = [b.copy() for b in self._buckets]
+        out._buckets = self._buckets[:-1] + [b.copy() for b in self._buckets[-1:]]
         return out
 
     @classmethod

@@ -79,3 +79,15 @@ def test_the_store_keeps_it_and_a_snapshot_holds_a_frozen_copy() -> None:
 def test_max_buckets_must_halve_evenly() -> None:
     with pytest.raises(ValueError):
         RankHistory(0, max_buckets=7)
+
+
+def test_a_frozen_copy_outlives_later_merges() -> None:
+    h = RankHistory(0, max_buckets=4)
+    for i in range(6):
+        h.add(_step(i, rss=i))
+    frozen = h.frozen()
+    before = [(b.first_step, b.last_step, b.steps, b.rss_bytes) for b in frozen.buckets]
+    for i in range(6, 40):
+        h.add(_step(i, rss=i))
+    assert [(b.first_step, b.last_step, b.steps, b.rss_bytes) for b in frozen.buckets] == before
+    assert frozen.steps == 6 and h.steps == 40
