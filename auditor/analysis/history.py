@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 
 from auditor.samples import StepSample
 
-# Buckets kept per rank (each a few hundred bytes with its float objects). A change is placed within 0.2-0.4%
-# of the run's steps.
+# Buckets kept per rank (each a few hundred bytes with its float objects). A change is placed
+# within 0.2-0.4% of the run's steps.
 MAX_BUCKETS = 512
 # The per-step figures a bucket sums, as ``StepSample`` names them (``other_s``: time in no
 # phase; ``local_s``: the step less its wait for peers, the rank's own time).
