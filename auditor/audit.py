@@ -10,13 +10,15 @@ and the state of every node of a job that spans several.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from auditor.analysis import SampleStore
 from auditor.analysis.consistency import SetAside
+from auditor.analysis.consistency import review as check
 from auditor.analysis.engine import review
-from auditor.analysis.findings import Finding
+from auditor.analysis.findings import Finding, finding_order
+from auditor.analysis.rules.slowdown import Facts as Slowdown
 from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
 from auditor.report.json_report import make_report
 from auditor.report.model import DeadRank as DeadRank
@@ -104,6 +106,11 @@ def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> Verdict:
     )
 
 
+def _same(f: Finding) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+    """What makes two verdicts' findings one: the kind, the ranks and the GPUs it names."""
+    return f.kind, f.ranks, f.gpus
+
+
 class Audit:
     """One job's audit, fed batch by batch."""
 
@@ -176,12 +183,37 @@ class Audit:
         self, now: float | None = None, window_s: float | None = None
     ) -> tuple[Snapshot, list[Finding]]:
         """The verdict over the whole run (what the store still holds), or over the last
-        ``window_s`` seconds before ``now`` (default: the newest sample)."""
+        ``window_s`` seconds before ``now`` (default: the newest sample); where the run turned
+        slow, with the steps since the change judged as well (:meth:`_judge_latest_segment`)."""
         end = now if now is not None else self.store.latest_time()
         snap = self.store.snapshot(end if end is not None else 0.0, window_s)
         if self.store.ranks:
             self.judge_snapshot(snap)
+            self._judge_latest_segment(snap)
         return snap, list(self.findings)
+
+    def _judge_latest_segment(self, whole: Snapshot) -> None:
+        """Where the run changed for good (a ``slowdown`` found), the steps since the latest
+        change judged too: the findings that segment shows and the whole run's medians miss
+        join the verdict, marked with the step the segment starts at (``since_step``); of a
+        finding of the same kind and ranks in both, the more severe is kept."""
+        changes = [
+            (f.facts.time, f.facts.step) for f in self.findings if isinstance(f.facts, Slowdown)
+        ]
+        if not changes:
+            return
+        at, step = max(changes)
+        if not whole.start < at < whole.end:
+            return
+        segment = judge(self.store.snapshot(whole.end, whole.end - at), self.overrides)
+        kept = {_same(f): f for f in self.findings}
+        for f in segment.findings:
+            mine = kept.get(_same(f))
+            if mine is None or finding_order(f) < finding_order(mine):
+                kept[_same(f)] = replace(f, evidence={**f.evidence, "since_step": step})
+        checked = check(sorted(kept.values(), key=finding_order), whole)
+        self.findings = list(checked.findings)
+        self.set_aside += checked.set_aside
 
     def report(
         self,

@@ -64,6 +64,9 @@ class Bucket:
     local_s: float = 0.0
     # Steps whose collective wait was measured (the rest count their wait as unknown).
     waits_measured: int = 0
+    # Samples of the steps whose batch is known, and those steps (:attr:`batch`).
+    samples: float = 0.0
+    batches_measured: int = 0
     rss_bytes: float | None = None
     mem_allocated_bytes: float | None = None
     mem_reserved_bytes: float | None = None
@@ -91,6 +94,9 @@ class Bucket:
             self.waits_measured += n
         self.other_s += s.other_s * n
         self.local_s += (s.step_s - (wait or 0.0)) * n
+        if s.batch_size is not None:
+            self.samples += s.batch_size * n
+            self.batches_measured += n
         for name in LEVELS:
             value = getattr(s, name)
             if value is not None:
@@ -102,6 +108,8 @@ class Bucket:
         self.end = max(self.end, later.end)
         self.steps += later.steps
         self.waits_measured += later.waits_measured
+        self.samples += later.samples
+        self.batches_measured += later.batches_measured
         for name in SUMMED:
             setattr(self, name, getattr(self, name) + getattr(later, name))
         for name in LEVELS:
@@ -112,6 +120,11 @@ class Bucket:
     def mean(self, name: str) -> float:
         """Seconds per step of a summed figure (:data:`SUMMED`) over the bucket."""
         return getattr(self, name) / self.steps if self.steps else 0.0
+
+    @property
+    def batch(self) -> float | None:
+        """Samples per step over the steps whose batch is known (None: none was)."""
+        return self.samples / self.batches_measured if self.batches_measured else None
 
     @property
     def mid_step(self) -> float:

@@ -237,6 +237,8 @@ def _findings_section(findings: Sequence[ReportFinding]) -> str:
             facts.append(f"predicted speed-up {fmt_speedup(f.predicted_speedup, 2)}")
         if f.cause:
             facts.append(f"caused by {f.cause}")
+        if isinstance(f.evidence.get("since_step"), int):
+            facts.append(f"since step {f.evidence['since_step']} (the run's latest segment)")
         if facts:
             out.append(f'<p class="muted">{_e("; ".join(facts))}</p>')
         if f.summary:

@@ -238,6 +238,9 @@ def _finding_lines(
         head += f", predicted speed-up {fmt_speedup(f.predicted_speedup)}"
     if f.cause:
         head += f", caused by {f.cause}"
+    since = f.evidence.get("since_step")
+    if isinstance(since, int):  # found in the steps since the run last changed (slowdown)
+        head += f", since step {since}"
     lines = [_paint(x, f.severity, color) for x in wrap(head, cont="    ")]
     if f.summary:
         lines.extend(wrap(f.summary, indent="  ", cont="    "))

@@ -246,12 +246,14 @@ def test_window_judges_only_recent_steps() -> None:
     # boundary, so only the recent window is asserted.
     job = JobBuilder(forward_straggler()).run(40).run(40, balanced(4))
     assert analyze(job.snapshot(window_s=3.0)) == []
-    # The reverse: it starts straggling; the recent window names it.
+    # The reverse: it starts straggling; the recent window names it, and the run's history
+    # says when (slowdown reads the whole run whatever the window).
     job = JobBuilder(balanced(4)).run(40).run(30, forward_straggler())
     findings = analyze(job.snapshot(window_s=3.0))
     assert {(f.kind, f.ranks) for f in findings} == {
         ("compute_straggler", (2,)),
         ("utilization_imbalance", (2,)),
+        ("slowdown", (2,)),
     }
 
 

@@ -1,0 +1,83 @@
+"""slowdown in words: the rank, the phase that moved, before and after, the step and the local
+time of day it changed at, and how much slower the job runs since; the change per rank; a
+slowdown every rank has alike (or a slower collective) said without blaming one."""
+
+from __future__ import annotations
+
+import time
+
+from auditor.analysis.findings import Finding
+from auditor.analysis.rules.slowdown import Change, Facts
+from auditor.report.model import ReportFinding
+from auditor.report.phrasing import phrase
+from auditor.report.phrasing.slowdown import clock, fmt_step_time
+
+AT = time.mktime((2026, 3, 2, 14, 2, 11, 0, 0, -1))  # 14:02:11 local time
+
+
+def _finding(facts: Facts, speedup: float | None = 1.9) -> Finding:
+    return Finding(
+        kind="slowdown",
+        severity="critical" if facts.ranks else "info",
+        ranks=tuple(sorted(facts.ranks)),
+        facts=facts,
+        predicted_speedup=speedup if facts.ranks else None,
+    )
+
+
+def test_a_rank_that_turned_slow_in_words() -> None:
+    c = Change(0.020, 0.059, "forward", 0.009, 0.048)
+    words = phrase(_finding(Facts(300, AT, 0.021, 0.040, 0.040, {1: c})))
+    assert words.summary == (
+        "rank 1's forward went from 9.0 ms to 48 ms at step 300, 14:02:11; since then the job "
+        "runs 1.9x slower (21 ms a step, now 40 ms): the others wait for it at the collectives"
+    )
+    assert words.fixes == {
+        1: "find what changed on this rank at step 300 (14:02:11): its forward went from 9.0 ms "
+        "to 48 ms a step (a throttled or shared device, another process on its host, larger "
+        "inputs, work added to this rank alone) and bring it back to its earlier pace; expect "
+        "about 1.9x"
+    }
+
+
+def test_several_ranks_and_a_data_wait_in_words() -> None:
+    backward = Change(0.1, 0.2, "backward", 0.06, 0.16)
+    data = Change(0.1, 0.25, "data_wait", 0.001, 0.151)
+    words = phrase(_finding(Facts(40, AT, 0.105, 0.26, 0.26, {2: backward, 5: data}), 2.4))
+    assert words.summary.startswith(
+        "ranks 2, 5 turned slow at step 40, 14:02:11: rank 2's backward went from 60 ms to "
+        "160 ms; rank 5's data wait went from 1.0 ms to 151 ms; since then the job runs 2.5x "
+        "slower"
+    )
+    assert words.summary.endswith("the others wait for them at the collectives")
+    assert words.fixes[5].startswith("find what changed in this rank's loading at step 40")
+    assert words.fixes[2].endswith("expect about 2.4x")
+
+
+def test_every_rank_alike_blames_none() -> None:
+    every = Change(0.1, 0.19, "forward", 0.03, 0.12)
+    f = _finding(Facts(200, AT, 0.105, 0.195, 0.195, {}, every))
+    words = phrase(f)
+    assert words.summary == (
+        "every rank slowed alike at step 200, 14:02:11: their forward went from 30 ms to "
+        "120 ms; since then the job runs 1.9x slower (105 ms a step, now 195 ms); no rank waits "
+        "for another, none is to blame"
+    )
+    assert words.fixes == {}
+    report = ReportFinding.of(f).to_dict()
+    assert report["evidence"]["speedup_model"].startswith("not predicted: every rank slowed")
+    assert "whole job" in report["evidence"]["fix"]
+
+
+def test_a_slower_collective_is_named() -> None:
+    every = Change(0.1, 0.1, "collective_wait", 0.004, 0.1)
+    words = phrase(_finding(Facts(150, AT, 0.105, 0.2, 0.2, {}, every)))
+    assert "their wait at the collectives went from 4.0 ms to 100 ms" in words.summary
+    assert words.summary.endswith("the collectives themselves slowed, none is to blame")
+
+
+def test_times() -> None:
+    assert clock(AT) == "14:02:11"
+    assert fmt_step_time(0.0004) == "0.4 ms"
+    assert fmt_step_time(0.0093) == "9.3 ms"
+    assert fmt_step_time(0.048) == "48 ms"

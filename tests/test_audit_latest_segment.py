@@ -1,0 +1,64 @@
+"""The final verdict judges the run's latest steady segment as well as the whole run: a job that
+turned slow late is never "balanced", and what the steps since the change show (a straggler the
+whole run's medians hide) joins the verdict, marked with the step the segment starts at."""
+
+from __future__ import annotations
+
+import json
+
+from auditor.audit import Audit
+from auditor.report.html import render_html
+from auditor.report.terminal import render_verdict
+from tests.helpers.jobs import JobBuilder, balanced, with_rank
+
+
+def _audit(fast: int, slow: int, world: int = 2) -> Audit:
+    """``fast`` balanced steps, then ``slow`` steps with rank 1's forward 5x longer."""
+    audit = Audit("test")
+    job = JobBuilder(balanced(world), store=audit.store)
+    job.run(fast)
+    job.run(slow, with_rank(balanced(world), 1, forward=0.150))
+    return audit
+
+
+def test_the_steps_since_the_change_add_what_the_whole_run_misses() -> None:
+    # Rank 1 turns slow for the last fifth of the steps: the whole run's medians are the
+    # balanced steps', so only the segment since the change names it a compute straggler.
+    audit = _audit(500, 120)
+    whole = [
+        (f.kind, f.ranks) for f in audit.judge_snapshot(audit.store.snapshot(1e12, None)).findings
+    ]
+    assert ("compute_straggler", (1,)) not in whole
+    _, findings = audit.final()
+    kinds = {(f.kind, f.ranks): f for f in findings}
+    slow = kinds[("slowdown", (1,))]
+    assert slow.facts.step == 500 and "since_step" not in slow.evidence
+    straggler = kinds[("compute_straggler", (1,))]
+    assert straggler.evidence["since_step"] == 500
+    assert straggler.severity in ("warning", "critical")
+    # One finding of a kind and ranks: each is listed once.
+    assert len(findings) == len(kinds)
+
+
+def test_a_job_that_turned_slow_in_its_last_third_is_not_balanced_in_any_report() -> None:
+    audit = _audit(400, 100)
+    report = audit.report(command=["train.py"], exit_code=0, duration_s=60.0)
+    text = render_verdict(report)
+    assert "balanced" not in text
+    head = text.splitlines()[0]
+    assert head.startswith("Verdict: rank 1 holds the job back"), head
+    assert "since step 400" in text  # the findings of the latest segment say so
+    doc = json.loads(json.dumps(report.to_dict()))
+    marked = [f for f in doc["findings"] if f["evidence"].get("since_step") == 400]
+    assert marked and all(1 in f["ranks"] for f in marked)
+    assert any(f["kind"] == "slowdown" and f["ranks"] == [1] for f in doc["findings"])
+    page = render_html(doc)
+    assert "slowdown" in page and "since step 400" in page
+
+
+def test_a_run_without_a_change_is_judged_once() -> None:
+    audit = Audit("test")
+    JobBuilder(balanced(2), store=audit.store).run(300)
+    _, findings = audit.final()
+    assert all("since_step" not in f.evidence for f in findings)
+    assert [f for f in findings if f.severity != "info"] == []
