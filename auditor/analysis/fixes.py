@@ -44,6 +44,7 @@ LEVERS: Mapping[str, str] = {
     "gpu_assignment": CODE,  # which GPU a rank or a process uses
     "scatter_chunks": CODE,  # DataParallel's per-GPU chunks of the batch (the primary's smaller)
     "retained_tensors": CODE,  # tensors kept across steps (a loss summed as a tensor, a list)
+    "allocator_config": CODE,  # PYTORCH_CUDA_ALLOC_CONF (expandable_segments:True), set at launch
     # a rank's own work between its steps that its peers wait for (stall)
     "checkpoint_async": CODE,  # save off the training step (async_save, a background thread)
     "checkpoint_interval": CODE,  # steps between checkpoints

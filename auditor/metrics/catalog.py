@@ -463,6 +463,15 @@ FINDING_FIX_INFO = MetricSpec(
     labels=(JOB_LABEL, "kind", "rank", "node", "lever", *FIX_INFO_LABELS),
 )
 
+FINDING_MEMORY_FULL_SECONDS = MetricSpec(
+    name="auditor_finding_memory_full_seconds",
+    type="gauge",
+    unit="seconds",
+    help="Projected seconds until the rank's GPU (or host) memory is full at the rate it climbs "
+    "(kind memory_growth); no series where its memory does not climb or the time is unknown.",
+    labels=(JOB_LABEL, "kind", "rank", "node"),
+)
+
 # --- per job, from ``auditor serve`` -----------------------------------------------------------
 JOB_IMBALANCE_RATIO = MetricSpec(
     name="auditor_job_imbalance_ratio",
@@ -582,6 +591,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     FINDING,
     FINDING_PREDICTED_SPEEDUP,
     FINDING_FIX_INFO,
+    FINDING_MEMORY_FULL_SECONDS,
     JOB_IMBALANCE_RATIO,
     JOB_RANKS,
     JOB_PREDICTED_SPEEDUP,

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from auditor.analysis.findings import Finding
 from auditor.analysis.fixes import Value
+from auditor.analysis.rules import memory_growth
 from auditor.report.phrasing import phrase
 from auditor.samples import PHASES, DeviceSample, RankInfo
 
@@ -241,6 +242,20 @@ def add_findings(
                     {C.JOB_LABEL: job, "kind": finding.kind, "rank": rank_label},
                     finding.predicted_speedup,
                 )
+        _add_memory_full(out, job, finding, node_of)
+
+
+def _add_memory_full(
+    out: SeriesSet, job: str, finding: Finding, node_of: Callable[[int], str]
+) -> None:
+    """``auditor_finding_memory_full_seconds``: each climbing rank's projected time to full
+    (memory_growth), where one is projected."""
+    if not isinstance(finding.facts, memory_growth.Facts):
+        return
+    for r, growth in finding.facts.ranks.items():
+        if growth.full_in_s is not None:
+            labels = {C.JOB_LABEL: job, "kind": finding.kind, "rank": str(r), "node": node_of(r)}
+            out.add(C.FINDING_MEMORY_FULL_SECONDS, labels, growth.full_in_s)
 
 
 # A fix's words are a label value: long enough for every rule's change to a rank, bounded so a

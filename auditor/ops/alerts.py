@@ -71,6 +71,11 @@ GPU_LOST_FOR = "1m"
 SERVE_MAX_EVALUATION_AGE_SECONDS = 300
 SERVE_STALE_FOR = "5m"
 CRITICAL_FINDING_FOR = "5m"
+# A rank whose memory the auditor projects full within this many seconds at the rate it climbs:
+# memory_growth's warning horizon (a day: a run of a day would crash). Within its critical
+# horizon (30 minutes) the finding is critical and AuditorCriticalFinding pages as well.
+MEMORY_FULL_WITHIN_SECONDS = 24 * 3600
+MEMORY_FILLING_FOR = "2m"
 
 # Prometheus' duration syntax: units from largest to smallest, each at most once ("1h30m").
 _DURATION = re.compile(
@@ -479,6 +484,38 @@ CRITICAL_FINDING = AlertRule(
     ),
 )
 
+MEMORY_FILLING_UP = AlertRule(
+    name="AuditorRankMemoryFillingUp",
+    # Node endpoints of live runs export the same finding each: min by keeps the soonest.
+    expr=(
+        f"min by (auditor_job, node, rank) ({C.FINDING_MEMORY_FULL_SECONDS.name})"
+        f" < {MEMORY_FULL_WITHIN_SECONDS}"
+    ),
+    for_=MEMORY_FILLING_FOR,
+    severity="warning",
+    summary=(
+        f"Memory of rank {_label('rank')} of job {_label('auditor_job')} on {_label('node')}"
+        f" is full in {_AGE}"
+    ),
+    description=(
+        f"The memory of rank {_label('rank')} of job {_label('auditor_job')} on node"
+        f" {_label('node')} climbs step after step past its warm-up (memory_growth): at its"
+        f" current rate its GPU (or host) is full in {_AGE} (threshold"
+        f" {MEMORY_FULL_WITHIN_SECONDS // 3600}h), and the rank then runs out of memory."
+        " Something is kept from every step. What to change on rank"
+        f" {_label('rank')}:"
+    ),
+    fix=_RANK_FIX,
+    doc=(
+        "Fires when the auditor projects a rank's GPU or host memory full within"
+        f" {MEMORY_FULL_WITHIN_SECONDS // 3600} hours at the rate it climbs (the memory_growth"
+        " rule's warning horizon; within its critical horizon of 30 minutes the finding is"
+        " critical and AuditorCriticalFinding pages too). The rule already requires a steady"
+        f" climb over many steps past warm-up, so {MEMORY_FILLING_FOR} of `for:` only rules out"
+        " a single evaluation; a leak that fills a GPU in half an hour leaves no time for more."
+    ),
+)
+
 ALERT_RULES: tuple[AlertRule, ...] = (
     UNDERUSED_MULTI_GPU_NODE,
     GPU_UTILIZATION_SPREAD,
@@ -490,6 +527,7 @@ ALERT_RULES: tuple[AlertRule, ...] = (
     GPU_LOST,
     SERVE_STALE,
     CRITICAL_FINDING,
+    MEMORY_FILLING_UP,
 )
 
 BY_NAME: dict[str, AlertRule] = {a.name: a for a in ALERT_RULES}

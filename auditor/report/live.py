@@ -25,6 +25,7 @@ from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import RankStats
 from auditor.report.columns import FIGURE_COLUMNS, cells, titles
 from auditor.report.phrasing import phrase
+from auditor.report.phrasing.memory_growth import climbing, live_tag, soonest_climb
 from auditor.report.terminal import clip
 from auditor.wording import (
     MISSING,
@@ -175,7 +176,8 @@ def status_line(state: LiveState) -> str:
 
 def _finding_tag(f: Finding) -> str:
     who = f" {ranks_text(f.ranks)}" if f.ranks else ""
-    return f"{f.kind}{who} ({f.severity})"
+    climb = soonest_climb(f)  # memory that climbs: how fast, and the time left
+    return f"{f.kind}{who} ({f.severity}{', ' + climb if climb else ''})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,6 +260,7 @@ def _rank_table(
     stats = snap.paced
     ended = {v.info.rank for v in snap.ranks if v.ended}
     blame = blamed(findings)
+    climbs = climbing(findings)  # ranks whose memory climbs (memory_growth, any severity)
     hosts = {v.info.rank: v.info.host for v in snap.ranks}
     by_node = _group_by_node(snap)
     multi = len(by_node) > 1
@@ -292,6 +295,8 @@ def _rank_table(
                 cells[0] = "!" + cells[0]
                 # The finding lines below name the kind; the row only says which ranks.
                 cells[10] = "blamed"
+            if r in climbs:  # the climb and the time left
+                cells[10] = "; ".join(c for c in (cells[10], live_tag(climbs[r])) if c)
             rows.append((cells, blame[r].severity if r in blame else ""))
     table = _fit_table([cells for cells, _ in rows if len(cells) > 1], width)
     out = [Line(table.super_header(window_s), "dim"), Line(table.header, "bold")]

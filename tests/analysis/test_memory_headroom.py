@@ -10,6 +10,7 @@ from auditor.analysis.fixes import Fix
 from auditor.analysis.measures import fit_memory
 from auditor.analysis.rules import memory_headroom
 from auditor.analysis.rules.memory_headroom import KIND
+from tests.analysis import test_budget as budgets
 from tests.helpers.gpus import H100_TOTAL, gpu_uuid
 from tests.helpers.snapshots import batch_ramp
 from tests.helpers.units import GIB
@@ -143,3 +144,53 @@ def test_fit_memory_needs_two_batch_sizes() -> None:
     assert fit is not None
     assert fit.predict(100) == pytest.approx((6.0 + 35.0) * GIB)
     assert fit.largest_batch(41.0 * GIB) == 100
+
+
+GROWING_0 = [Finding(kind="memory_growth", severity="critical", ranks=(0,))]
+
+
+def test_a_rank_whose_memory_climbs_gets_no_larger_batch_and_says_why() -> None:
+    snap = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35)
+    roomy, held = memory_headroom.RULE(snap, explained=GROWING_0)
+    # Rank 1 keeps its advice; rank 0's is held back, with the reason, proposing nothing.
+    assert roomy.ranks == (1,) and {x.rank for x in roomy.fixes} == {1}
+    assert held.kind == KIND and held.severity == "info" and held.ranks == (0,)
+    assert held.fixes == ()
+    row = held.facts.ranks[0]
+    assert row.verdict == "roomy" and row.reason == memory_headroom.HELD_BY_GROWTH
+    assert row.batch == 64
+    assert row.largest_batch == roomy.evidence["per_rank"]["1"]["largest_batch"]
+    assert held.evidence["held_back"] == {
+        "0": {
+            "reason": "memory_growth",
+            "verdict": "roomy",
+            "current_batch": 64,
+            "largest_batch": row.largest_batch,
+        }
+    }
+
+
+def test_a_tight_rank_whose_memory_climbs_is_held_back_too() -> None:
+    snap = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
+    tight, held = memory_headroom.RULE(snap, explained=GROWING_0)
+    assert tight.ranks == (1,) and held.ranks == (0,)
+    assert held.facts.ranks[0].verdict == "tight"
+    # A rank memory_pressure already has is left to it, growing or not.
+    both = [*GROWING_0, Finding(kind="memory_pressure", severity="warning", ranks=(0,))]
+    (only,) = memory_headroom.RULE(snap, explained=both)
+    assert only.ranks == (1,)
+
+
+def test_a_measured_budget_is_held_back_on_a_climbing_rank() -> None:
+    b = budgets
+    roomy, held = memory_headroom.RULE(
+        b.snap(b.view(0, b.adam()), b.view(1, b.adam(rank=1))), explained=GROWING_0
+    )
+    assert roomy.ranks == (1,) and [x.rank for x in roomy.fixes] == [1]
+    assert held.ranks == (0,) and held.fixes == ()
+    assert held.facts.ranks[0].verdict == "roomy"
+    assert held.facts.ranks[0].batch == 8
+
+
+def test_memory_growth_explains_headroom() -> None:
+    assert "memory_growth" in memory_headroom.RULE.explained_by

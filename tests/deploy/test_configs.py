@@ -46,6 +46,7 @@ ALERTS = {
     "AuditorGpuLost",
     "AuditorServeStale",
     "AuditorCriticalFinding",
+    "AuditorRankMemoryFillingUp",
 }
 # The alerts about one node's GPUs and ranks: a down node endpoint silences them for that node.
 NODE_SCOPED_ALERTS = {
@@ -55,6 +56,7 @@ NODE_SCOPED_ALERTS = {
     "AuditorGpuMonitorDown",
     "AuditorGpuSamplesStale",
     "AuditorGpuLost",
+    "AuditorRankMemoryFillingUp",
 }
 COMPOSE_SERVICES = {"prometheus", "alertmanager", "grafana", "auditor-serve"}
 # Where the compose stack mounts the generated dashboards inside the Grafana container.

@@ -205,6 +205,7 @@ FIXING = (
     "AuditorDataStarvedRank",
     "AuditorIdleAllocatedGpu",
     "AuditorCriticalFinding",
+    "AuditorRankMemoryFillingUp",
 )
 
 

@@ -44,6 +44,12 @@ by the budget, its largest levers (:meth:`~auditor.analysis.budget.BudgetModel.f
 Evidence codes (the report words them): a budget's ``source`` and ``capacity_source``,
 ``speedup_model`` ``not_predicted``.
 
+Held back: a rank whose memory climbs (a ``memory_growth`` finding names it) gets neither verdict.
+Its memory today says nothing about the batch it can afford (the climb takes the room a larger
+batch would use, and a leak skews the fit), so no batch is proposed there; where a verdict
+would have been given, an ``info`` finding (:class:`HeldFacts`) names the rank with the reason
+code :data:`HELD_BY_GROWTH` and what the verdict would have been, and proposes nothing.
+
 Speed-up: not predicted: whether a larger batch is faster depends on the GPU's saturation.
 """
 
@@ -69,6 +75,8 @@ MIXED_PRECISION_FACTOR = 2.0
 
 # roomy: a larger batch fits (info); tight: the current batch does not fit the budget.
 Verdict = Literal["roomy", "tight"]
+# Why a rank's verdict is held back (the report words it): its memory climbs (memory_growth).
+HELD_BY_GROWTH = "memory_growth"
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,28 @@ class FitFacts:
 
 
 @dataclass(frozen=True)
+class HeldRank:
+    """A rank whose verdict is held back: the verdict it would have had, its batch and the
+    largest batch its memory today would fit (None where unknown), and why (a code:
+    :data:`HELD_BY_GROWTH`); whether it is on a GPU (on a CPU job the batch is sized by
+    throughput, not memory)."""
+
+    verdict: Verdict
+    batch: int | None
+    largest_batch: int | None
+    reason: str = HELD_BY_GROWTH
+    accumulated: int = 1
+    on_gpu: bool = True
+
+
+@dataclass(frozen=True)
+class HeldFacts:
+    """The ranks whose verdict is held back, and why."""
+
+    ranks: Mapping[int, HeldRank]
+
+
+@dataclass(frozen=True)
 class BudgetFacts:
     """The verdict on ranks judged by their measured budget, and the safety margin."""
 
@@ -195,13 +225,31 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
 
 def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     """Say how large a batch fits, where memory is underused or too tight. Ranks an explaining
-    ``memory_pressure`` finding blames are left to it where their batch does not fit."""
-    pressured = explained.ranks
+    ``memory_pressure`` finding blames are left to it where their batch does not fit; ranks a
+    ``memory_growth`` finding names are held back (no batch proposed, the reason said)."""
+    pressured = {r for f in explained.findings if f.kind == "memory_pressure" for r in f.ranks}
+    growing = {r for f in explained.findings if f.kind == "memory_growth" for r in f.ranks}
+    held: dict[int, HeldRank] = {}
     margin = t.margin
     budgeted = budget_models(i, margin=margin)
     findings: list[Finding] = _from_budgets(
-        budgeted, pressured, margin=margin, underused=t.underused, short_ratio=t.host_short
+        {r: m for r, m in budgeted.items() if r not in growing},
+        pressured,
+        margin=margin,
+        underused=t.underused,
+        short_ratio=t.host_short,
     )
+    for r in sorted(growing & set(budgeted)):
+        m = budgeted[r]
+        would = _budget_verdict(m, pressured, t.underused)
+        if would is not None:
+            held[r] = HeldRank(
+                would,
+                m.batch,
+                m.largest_batch(),
+                accumulated=m.accumulated,
+                on_gpu=bool(m.budget.device_total_bytes),
+            )
     roomy: dict[int, dict[str, Any]] = {}
     tight: dict[int, dict[str, Any]] = {}
     gpus: dict[int, str] = {}
@@ -231,19 +279,65 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         }
         largest = fit.largest_batch(budget)
         row["largest_batch"] = largest
+        verdict: Verdict | None = None
         if peak < t.underused * total and largest is not None and largest > current:
-            roomy[r] = row
-            gpus[r] = uuid
+            verdict = "roomy"
         elif fit.predict(current) > budget and r not in pressured:
+            verdict = "tight"
+        if verdict is None:
+            continue
+        if r in growing:
+            held[r] = HeldRank(verdict, current, largest, accumulated=accumulated)
+            continue
+        if verdict == "roomy":
+            roomy[r] = row
+        else:
             row["largest_batch_checkpointing"] = fit.largest_batch(budget, CHECKPOINT_FACTOR)
             row["largest_batch_mixed_precision"] = fit.largest_batch(budget, MIXED_PRECISION_FACTOR)
             tight[r] = row
-            gpus[r] = uuid
+        gpus[r] = uuid
     if roomy:
         findings.append(_finding(i, "roomy", roomy, gpus, margin))
     if tight:
         findings.append(_finding(i, "tight", tight, gpus, margin))
+    if held:
+        findings.append(_held_finding(held))
     return findings
+
+
+def _budget_verdict(m: BudgetModel, pressured: Collection[int], underused: float) -> Verdict | None:
+    """The verdict :func:`_from_budgets` would give this rank (None: none)."""
+    current, cap, largest = m.current_bytes, m.capacity_bytes, m.largest_batch()
+    if current is None or cap is None or m.batch is None:
+        return None
+    if current > cap:
+        return None if m.rank in pressured else "tight"
+    if current < underused * cap and largest is not None and largest > m.batch:
+        return "roomy"
+    return None
+
+
+def _held_finding(held: Mapping[int, HeldRank]) -> Finding:
+    """Ranks whose verdict is held back: named, with the reason, proposing nothing."""
+    return Finding(
+        kind=KIND,
+        severity="info",
+        ranks=tuple(sorted(held)),
+        facts=HeldFacts(dict(sorted(held.items()))),
+        evidence={
+            "held_back": {
+                str(r): {
+                    "reason": h.reason,
+                    "verdict": h.verdict,
+                    "current_batch": h.batch,
+                    "largest_batch": h.largest_batch,
+                }
+                for r, h in sorted(held.items())
+            },
+            "speedup_model": NOT_PREDICTED,
+        },
+        predicted_speedup=None,
+    )
 
 
 def _fit_rank(row: dict[str, Any], gpu: str, verdict: Verdict) -> FitRank:
@@ -340,13 +434,10 @@ def _from_budgets(
     roomy: dict[int, BudgetModel] = {}
     tight: dict[int, BudgetModel] = {}
     for r, m in sorted(models.items()):
-        current, cap, largest = m.current_bytes, m.capacity_bytes, m.largest_batch()
-        if current is None or cap is None or m.batch is None:
-            continue
-        if current > cap:
-            if r not in pressured:
-                tight[r] = m
-        elif current < underused * cap and largest is not None and largest > m.batch:
+        verdict = _budget_verdict(m, pressured, underused)
+        if verdict == "tight":
+            tight[r] = m
+        elif verdict == "roomy":
             roomy[r] = m
     out: list[Finding] = []
     if roomy:
@@ -395,5 +486,5 @@ RULE = Rule(
     thresholds=Thresholds,
     measure=measure,
     decide=decide,
-    explained_by=("memory_pressure",),
+    explained_by=("memory_pressure", "memory_growth"),
 )

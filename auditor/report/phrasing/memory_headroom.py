@@ -14,7 +14,15 @@ from auditor.analysis.budget import (
     BudgetModel,
 )
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.memory_headroom import BudgetFacts, FitFacts, FitRank, FitTerms
+from auditor.analysis.rules.memory_headroom import (
+    HELD_BY_GROWTH,
+    BudgetFacts,
+    FitFacts,
+    FitRank,
+    FitTerms,
+    HeldFacts,
+    HeldRank,
+)
 from auditor.wording import fmt_bytes, fmt_gib, ranks_text
 
 from .words import (
@@ -182,6 +190,43 @@ def _tight_budget_fix(m: BudgetModel) -> str:
         f"about {fmt_bytes(m.current_bytes)} of "
         f"{fmt_bytes(m.capacity_bytes)} usable ({_where(m)}; {parts_text(m)}); the lever "
         f"is {lever}: {levers_text(m)}"
+    )
+
+
+# Why a rank's verdict is held back, in words.
+HELD_TEXT = {
+    HELD_BY_GROWTH: "its memory climbs (memory_growth)",
+}
+
+
+@phrase_facts.register
+def _held(facts: HeldFacts, finding: Finding) -> Phrase:
+    rows = facts.ranks
+    first = rows[min(rows)]
+    why = HELD_TEXT.get(first.reason, first.reason)
+    summary = (
+        f"{ranks_text(rows)}: no batch advice while {why}: memory measured now says nothing "
+        "about the batch the rank can afford"
+    )
+    fixes = {r: _held_fix(row) for r, row in rows.items()}
+    return Phrase(summary, fixes, {"speedup_model": SPEEDUP_NOTE})
+
+
+def _held_fix(row: HeldRank) -> str:
+    why = HELD_TEXT.get(row.reason, row.reason)
+    noun = batch_noun(row.accumulated)
+    keep = f"keep {noun} {row.batch}" if row.batch is not None else f"keep the {noun}"
+    if row.verdict == "roomy":
+        room = (
+            f"; today's level would fit up to {row.largest_batch}, but the climb is using up "
+            "that room"
+            if row.largest_batch is not None and row.on_gpu
+            else ""
+        )
+        return f"{keep}: no larger {noun} while {why}{room}; fix the climb first"
+    return (
+        f"no advice on {noun} {row.batch} while {why}: the level it is judged at keeps rising; "
+        f"fix the climb first, then size the {noun} again"
     )
 
 

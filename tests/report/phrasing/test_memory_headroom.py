@@ -3,6 +3,7 @@ and what would make room, by the fit or by the measured budget; the evidence's c
 
 from __future__ import annotations
 
+from auditor.analysis.findings import Finding
 from auditor.analysis.rules import memory_headroom
 from auditor.report.model import ReportFinding
 from auditor.report.phrasing import phrase
@@ -89,4 +90,40 @@ def test_under_accumulation_the_advice_is_per_micro_batch() -> None:
     )
     assert f"a micro-batch of up to {largest} fits (now 64; 4 accumulated per step)" in (
         words.summary
+    )
+
+
+def test_a_held_back_rank_is_told_why_and_offered_no_larger_batch() -> None:
+    growing = [Finding(kind="memory_growth", severity="critical", ranks=(0,))]
+    snap_ = batch_ramp([16, 32, 48, 64], fixed_gib=6.0, per_sample_gib=0.35)
+    _, held = memory_headroom.RULE(snap_, explained=growing)
+    words = phrase(held)
+    assert words.summary == (
+        "rank 0: no batch advice while its memory climbs (memory_growth): memory measured now "
+        "says nothing about the batch the rank can afford"
+    )
+    largest = held.facts.ranks[0].largest_batch
+    assert words.fixes[0] == (
+        "keep batch 64: no larger batch while its memory climbs (memory_growth); today's level "
+        f"would fit up to {largest}, but the climb is using up that room; fix the climb first"
+    )
+    assert "->" not in words.fixes[0]
+    tight = batch_ramp([48, 56, 64], fixed_gib=20.0, per_sample_gib=0.85)
+    _, held = memory_headroom.RULE(tight, explained=growing)
+    assert phrase(held).fixes[0] == (
+        "no advice on batch 64 while its memory climbs (memory_growth): the level it is judged "
+        "at keeps rising; fix the climb first, then size the batch again"
+    )
+
+
+def test_a_held_back_cpu_rank_is_not_told_an_absurd_batch() -> None:
+    cpu = adam(
+        device="cpu", device_total_bytes=None, host_total_bytes=64 * GIB,
+        host_available_bytes=32 * GIB, local_ranks=2,
+    )  # fmt: skip
+    growing = [Finding(kind="memory_growth", severity="critical", ranks=(0,))]
+    (held,) = memory_headroom.RULE(snap(view(0, cpu)), explained=growing)
+    assert not held.facts.ranks[0].on_gpu
+    assert phrase(held).fixes[0] == (
+        "keep batch 8: no larger batch while its memory climbs (memory_growth); fix the climb first"
     )
