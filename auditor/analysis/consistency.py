@@ -13,6 +13,9 @@ here, each by the stronger evidence, and the finding that loses is set aside wit
   opposite directions (a larger batch and a smaller one; more workers and fewer): the finding
   with the weaker claim (lower severity, then the smaller predicted speed-up, then the later in
   listing order) is set aside (``fix_undone``).
+* **A larger batch on a rank whose memory climbs.** A fix that raises ``batch_size`` on a rank
+  ``memory_growth`` names would bring its crash closer: the finding that gives it is set aside
+  (``memory_climbs``), whatever its severity (``memory_headroom`` already holds back itself).
 * **"Balanced" while a rank waits for one peer.** Where no finding of at least ``warning`` is
   left, yet over the run's steps after warm-up (:attr:`Snapshot.history`) a rank waited at the
   collectives ``WAIT_SHARE`` of its step time or more, and one peer (or a minority of them) did
@@ -59,13 +62,14 @@ MIN_STEPS = 20
 GPU_WORKS = "gpu_works"
 FIX_UNDONE = "fix_undone"
 ACCOUNT_WAIT = "account_wait"
+MEMORY_CLIMBS = "memory_climbs"
 
 
 @dataclass(frozen=True)
 class SetAside:
     """A finding left out of the verdict: ``reason`` (a code: :data:`GPU_WORKS`,
-    :data:`FIX_UNDONE`, :data:`ACCOUNT_WAIT`), the finding whose evidence won (its kind and
-    ranks), and for a fix undone the lever."""
+    :data:`FIX_UNDONE`, :data:`MEMORY_CLIMBS`, :data:`ACCOUNT_WAIT`), the finding whose evidence
+    won (its kind and ranks), and for a fix the lever."""
 
     finding: Finding
     reason: str
@@ -100,6 +104,9 @@ def review(
     kept = list(findings)
     aside: list[SetAside] = []
     kept, out = _busy_and_idle(kept, snapshot.owners)
+    aside += out
+    # A larger batch on a climbing rank goes first: it never wins a clash of fixes.
+    kept, out = _no_larger_batch(kept)
     aside += out
     kept, out = _fixes_undone(kept)
     aside += out
@@ -172,6 +179,25 @@ def _fixes_undone(findings: list[Finding]) -> tuple[list[Finding], list[SetAside
                 losers[i] = SetAside(findings[i], FIX_UNDONE, w.kind, w.ranks, lever)
     kept = [f for i, f in enumerate(findings) if i not in losers]
     return kept, [losers[i] for i in sorted(losers)]
+
+
+def _no_larger_batch(findings: list[Finding]) -> tuple[list[Finding], list[SetAside]]:
+    growth = [f for f in findings if f.kind == "memory_growth"]
+    climbing = {r: f for f in growth for r in f.ranks}
+    kept: list[Finding] = []
+    aside: list[SetAside] = []
+    for f in findings:
+        raises = [
+            x.rank
+            for x in f.fixes
+            if x.lever == "batch_size" and x.rank in climbing and _direction(x) > 0
+        ]
+        if f.kind == "memory_growth" or not raises:
+            kept.append(f)
+            continue
+        by = climbing[raises[0]]
+        aside.append(SetAside(f, MEMORY_CLIMBS, by.kind, by.ranks, "batch_size"))
+    return kept, aside
 
 
 @dataclass(frozen=True)

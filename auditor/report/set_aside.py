@@ -4,7 +4,13 @@ reader sees what was left out and on what evidence."""
 
 from __future__ import annotations
 
-from auditor.analysis.consistency import ACCOUNT_WAIT, FIX_UNDONE, GPU_WORKS, SetAside
+from auditor.analysis.consistency import (
+    ACCOUNT_WAIT,
+    FIX_UNDONE,
+    GPU_WORKS,
+    MEMORY_CLIMBS,
+    SetAside,
+)
 from auditor.wording import ranks_text
 
 
@@ -24,6 +30,8 @@ def sentence(s: SetAside, gpu_labels: dict[str, str] | None = None) -> str:
         why = f"the GPU works: {by} rests on the ranks' own device timings, which outrank NVML"
     elif s.reason == FIX_UNDONE:
         why = f"its {s.lever} fix would undo the one of {by}, the stronger finding"
+    elif s.reason == MEMORY_CLIMBS:
+        why = f"its larger batch would fill memory that already climbs ({by})"
     elif s.reason == ACCOUNT_WAIT:
         why = f"the run's steps show more: {by}"
     else:

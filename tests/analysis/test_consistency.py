@@ -6,6 +6,7 @@ from auditor.analysis.consistency import (
     ACCOUNT_WAIT,
     FIX_UNDONE,
     GPU_WORKS,
+    MEMORY_CLIMBS,
     review,
 )
 from auditor.analysis.engine import review as engine_review
@@ -97,6 +98,24 @@ def test_fixes_on_other_ranks_do_not_clash() -> None:
         fixes=(Fix("batch_size", 1, 64, 32, None, ("memory_pressure",)),),
     )
     assert review([b, a], job.snapshot()).findings == (b, a)
+
+
+def test_no_larger_batch_on_a_rank_whose_memory_climbs() -> None:
+    job = JobBuilder(balanced(2)).run(10)
+    growth = Finding("memory_growth", "warning", (0,))
+    split = _batch("batch_split", "critical", 32, 48, 1.4)
+    # A smaller batch on the climbing rank stands (it makes room).
+    smaller = Finding(
+        "memory_pressure",
+        "warning",
+        (0,),
+        fixes=(Fix("batch_size", 0, 48, 32, None, ("memory_pressure",)),),
+    )
+    out = review([growth, smaller, split], job.snapshot())
+    assert out.findings == (growth, smaller)
+    (aside,) = out.set_aside
+    assert (aside.finding, aside.reason, aside.by_kind) == (split, MEMORY_CLIMBS, "memory_growth")
+    assert "memory that already climbs (memory_growth on rank 0)" in sentence(aside)
 
 
 def test_balanced_while_a_rank_waits_for_one_peer_is_not_shown() -> None:
