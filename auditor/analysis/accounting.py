@@ -12,6 +12,12 @@ A rank's run, from its process start to its end, is booked once, in parts that n
   where each step starts where the last ended);
 * ``teardown``: from the last step's end to the process end (``RankInfo.ended_at``).
 
+A GPU's memory held outside the steps belongs here too: a rank that holds memory on its GPU
+while it starts up (CUDA context, the model loaded, the rendezvous) or after its last step is
+starting up or ending, not idle. :func:`with_gpu_memory` notes the most its process held
+(``startup_gpu_bytes``, ``teardown_gpu_bytes``), which the report says beside those parts; the
+GPU rules judge a GPU only over the time its owners trained.
+
 The steps of the whole run are summed as they arrive (:class:`RunTotals`, O(1) per step in the
 sample store), not only the window's: the window keeps the latest steps, the account every one.
 The parts add up to the wall time (``end - start``) by construction, except where the steps'
@@ -29,11 +35,11 @@ Facts and codes only: the words are in ``auditor.report``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeGuard
 
-from auditor.samples import StepSample
+from auditor.samples import DeviceSample, RankInfo, StepSample
 
 # The named work the probe books outside the phases (``StepSample.outside``), in the order
 # reports list it; any other name follows these.
@@ -97,6 +103,9 @@ class Account:
     ``outside``: named work in the steps by name; ``other_s``: the steps' time in no phase and no
     named work. ``started``/``ended``: whether the process start and end were reported (else the
     first step's start or the last step's end stands in: no start-up or teardown booked).
+    ``startup_gpu_bytes``/``teardown_gpu_bytes``: the most GPU memory the rank held during its
+    start-up and its teardown (:func:`with_gpu_memory`); None where not measured (no GPU, no
+    GPU sample then, or nothing held).
     """
 
     rank: int
@@ -115,6 +124,8 @@ class Account:
     teardown_s: float = 0.0
     started: bool = True
     ended: bool = True
+    startup_gpu_bytes: float | None = None
+    teardown_gpu_bytes: float | None = None
 
     def parts(self) -> dict[str, float]:
         """Every part in run order: startup, the step parts, named work by name, other, gaps,
@@ -153,6 +164,9 @@ class Account:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rank"}
         out["outside"] = {k: self.outside[k] for k in outside_order(self.outside)}
+        for name in _GPU_HELD:  # only where measured: reports without a GPU stay as they were
+            if out[name] is None:
+                del out[name]
         return out
 
     @classmethod
@@ -164,6 +178,8 @@ class Account:
                 values[f.name] = bool(v) if v is not None else True
             elif f.name == "steps":
                 values[f.name] = int(v) if _number(v) else 0
+            elif f.name in _GPU_HELD:
+                values[f.name] = float(v) if _number(v) else None
             elif f.name not in ("rank", "outside") and _number(v):
                 values[f.name] = float(v)
         outside = d.get("outside")
@@ -175,6 +191,10 @@ class Account:
         values["rank"] = rank
         values.setdefault("wall_s", 0.0)
         return cls(**values)
+
+
+# The account's figures of GPU memory held outside the steps (bytes; None: not measured).
+_GPU_HELD = ("startup_gpu_bytes", "teardown_gpu_bytes")
 
 
 def _number(v: Any) -> TypeGuard[float]:
@@ -239,6 +259,56 @@ def account(
         started=started_at is not None,
         ended=ended_at is not None,
     )
+
+
+def with_gpu_memory(
+    accounts: Mapping[int, Account],
+    runs: Mapping[int, RunTotals],
+    infos: Mapping[int, RankInfo],
+    gpus_of: Mapping[int, Sequence[str]],
+    samples: Sequence[DeviceSample],
+) -> dict[int, Account]:
+    """``accounts`` with the GPU memory each rank held while it started up and while it ended
+    (``startup_gpu_bytes``, ``teardown_gpu_bytes``): the most its process held on its GPUs
+    (``gpus_of``) in the NVML samples of that part, where NVML lists its PID on its host. A part
+    not booked (its end of the process not reported) or without such a sample stays None: a
+    rank that held nothing then (before CUDA starts, the memory in use on a GPU is the driver's,
+    not the rank's), or whose PID NVML cannot see (a container)."""
+    by_gpu: dict[str, list[DeviceSample]] = {}
+    for d in samples:
+        if not d.lost:
+            by_gpu.setdefault(d.uuid, []).append(d)
+    out = dict(accounts)
+    for rank, a in accounts.items():
+        run, info = runs.get(rank), infos.get(rank)
+        mine = [d for u in gpus_of.get(rank, ()) for d in by_gpu.get(u, ())]
+        if run is None or info is None or run.first_start is None or run.last_end is None:
+            continue
+        if not mine:
+            continue
+        startup = teardown = None
+        if a.started and a.startup_s > 0:
+            lo = run.first_start - a.startup_s
+            startup = _held(info, [d for d in mine if lo <= d.time < run.first_start])
+        if a.ended and a.teardown_s > 0:
+            hi = run.last_end + a.teardown_s
+            teardown = _held(info, [d for d in mine if run.last_end < d.time <= hi])
+        if startup is not None or teardown is not None:
+            out[rank] = replace(a, startup_gpu_bytes=startup, teardown_gpu_bytes=teardown)
+    return out
+
+
+def _held(info: RankInfo, samples: Sequence[DeviceSample]) -> float | None:
+    """The most GPU memory the rank's process held in ``samples`` (see :func:`with_gpu_memory`);
+    None where it held none or nothing was read."""
+    own = [
+        p.used_bytes
+        for d in samples
+        if d.node == info.host or not info.host
+        for p in d.processes
+        if p.pid == info.pid and p.used_bytes is not None
+    ]
+    return float(max(own)) if own else None
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from auditor.samples import DeviceSample, RankInfo
+from auditor.samples import DeviceSample, RankInfo, StepSample
 
 from .devices import DeviceStats, linear_fit
 from .findings import Finding
 from .fixes import Fix
 from .snapshot import RankView, Snapshot
-from .stats import RankStats
+from .stats import WEIGHT_CAP, RankStats, weighted_median
 
 # Evidence code: the finding predicts no speed-up (the report words why, per rule).
 NOT_PREDICTED = "not_predicted"
@@ -33,8 +33,123 @@ def ready(stats: Mapping[int, RankStats], min_steps: int) -> dict[int, RankStats
 
 
 def own_work(s: RankStats) -> float:
-    """A rank's own work per step: its local time less its data wait (data_starvation's)."""
+    """A rank's own work per step: its local time less its data wait (data_starvation's). That
+    is its phases *and* its time in no phase (``StepSample.other_s``: the loop's own code
+    between forward and backward or after the step, a metric, a debug check, a host-side
+    transform): work its peers wait for all the same."""
     return max(0.0, s.local_s - s.data_wait_s)
+
+
+def other_work(snapshot: Snapshot, ranks: Iterable[int]) -> dict[int, float]:
+    """Each of ``ranks``' own work per step in no phase (``StepSample.other_s``: the loop's own
+    code), as the rank statistics take every phase: the median over the window's steps, each
+    weighted by its duration (capped at ``WEIGHT_CAP`` times the median step). Taken from the
+    steps, not as :func:`own_work` less the phases: medians of separate figures do not add
+    up, and on a noisy host their difference names the wrong phase. Kept per snapshot and
+    ranks (shared, do not change it)."""
+    wanted = tuple(sorted(ranks))
+    return snapshot.kept(("other_work", wanted), lambda: _other_work(snapshot, wanted))
+
+
+def _other_work(snapshot: Snapshot, ranks: Sequence[int]) -> dict[int, float]:
+    views = snapshot.view_of
+    out: dict[int, float] = {}
+    for r in ranks:
+        view = views.get(r)
+        steps = view.steps if view is not None else ()
+        if not steps:
+            continue
+        if len(steps) == 1:
+            out[r] = steps[0].other_s
+            continue
+        cap = WEIGHT_CAP * statistics.median(s.step_s for s in steps)
+        weights = [min(s.step_s, cap) * s.count for s in steps]
+        out[r] = weighted_median([s.other_s for s in steps], weights)
+    return out
+
+
+# The median absolute deviation times this estimates the standard deviation of normal noise.
+MAD_SCALE = 1.4826
+
+
+def robust_spread(values: Iterable[float]) -> float:
+    """The spread of ``values`` robust to the outliers a rule looks for: the median absolute
+    deviation from their median, scaled to read as a standard deviation (0.0 under two
+    values). A few spikes, or one straggler among eight ranks, do not move it."""
+    xs = [float(v) for v in values]
+    if len(xs) < 2:
+        return 0.0
+    middle = statistics.median(xs)
+    return MAD_SCALE * float(statistics.median(abs(x - middle) for x in xs))
+
+
+# The phases of a step as the straggler rules compare them: the exclusive phases, then the
+# rank's own work in none of them (``other``: the loop's own code).
+WORK_PHASES = ("h2d", "forward", "backward", "optimizer", "other")
+
+
+@dataclass(frozen=True)
+class TypicalStep:
+    """A rank's typical step over the window: the plain median over its steps of each figure,
+    each step counting once (the rank statistics weigh steps by their duration, so a rank that
+    stalls now and then, a checkpoint every few steps, reads there as slower in every figure).
+    ``phases_s`` in :data:`WORK_PHASES` order; ``wait_s`` None where no step measured it."""
+
+    step_s: float
+    local_s: float
+    work_s: float
+    wait_s: float | None
+    phases_s: tuple[float, ...]
+
+
+def typical_steps(snapshot: Snapshot, ranks: Iterable[int]) -> dict[int, TypicalStep]:
+    """Each of ``ranks``' typical step over the snapshot's window (kept per snapshot and ranks:
+    shared, do not change it). A rank without steps in the window has none."""
+    wanted = tuple(sorted(ranks))
+    return snapshot.kept(("typical_steps", wanted), lambda: _typical(snapshot, wanted))
+
+
+def _typical(snapshot: Snapshot, ranks: Sequence[int]) -> dict[int, TypicalStep]:
+    views = snapshot.view_of
+    out: dict[int, TypicalStep] = {}
+    for r in ranks:
+        view = views.get(r)
+        if view is None or not view.steps:
+            continue
+        steps = view.steps
+        if len(steps) == 1:  # one (serve's mean) step: its figures are the medians
+            out[r] = _one_typical(steps[0])
+            continue
+        waits = [s.collective_wait_s for s in steps if s.collective_wait_s is not None]
+        local = [s.step_s - (s.collective_wait_s or 0.0) for s in steps]
+        work = [max(0.0, x - s.data_wait_s) for x, s in zip(local, steps, strict=True)]
+        phases = (
+            [s.h2d_s for s in steps],
+            [s.forward_s for s in steps],
+            [s.backward_s for s in steps],
+            [s.optimizer_s for s in steps],
+            [max(0.0, w - s.compute_s) for w, s in zip(work, steps, strict=True)],
+        )
+        out[r] = TypicalStep(
+            step_s=float(statistics.median(s.step_s for s in steps)),
+            local_s=max(0.0, float(statistics.median(local))),
+            work_s=float(statistics.median(work)),
+            wait_s=float(statistics.median(waits)) if waits else None,
+            phases_s=tuple(float(statistics.median(p)) for p in phases),
+        )
+    return out
+
+
+def _one_typical(s: StepSample) -> TypicalStep:
+    local = s.step_s - (s.collective_wait_s or 0.0)
+    work = max(0.0, local - s.data_wait_s)
+    return TypicalStep(
+        step_s=float(s.step_s),
+        local_s=max(0.0, float(local)),
+        work_s=float(work),
+        wait_s=None if s.collective_wait_s is None else float(s.collective_wait_s),
+        phases_s=(s.h2d_s, s.forward_s, s.backward_s, s.optimizer_s, max(0.0, work - s.compute_s)),
+    )
 
 
 def with_peers_work(

@@ -25,7 +25,7 @@ from auditor.samples import (
     StepSample,
 )
 
-from .accounting import Account, RunTotals, account
+from .accounting import Account, RunTotals, account, with_gpu_memory
 from .devices import DeviceStats, owners_of, rank_gpus, reduce_devices, strays_of
 from .history import RankHistory
 from .stats import RankStats, rank_stats
@@ -356,7 +356,7 @@ class SampleStore:
         devices = tuple(d for q in self._devices.values() for d in q if keep(d.time))
         first = self.first_time()
         lo = start if window_s is not None else (first if first is not None else now)
-        return Snapshot(
+        snap = Snapshot(
             job=self.job,
             start=lo,
             end=now,
@@ -367,3 +367,10 @@ class SampleStore:
             accounts=self.accounts(),
             history=self.history(),
         )
+        if devices and snap.accounts:
+            # The GPU memory each rank held while it started up and ended (the window's GPU
+            # samples; the final verdict's window is the whole run).
+            snap.accounts = with_gpu_memory(
+                snap.accounts, self._run, self._infos, snap.gpus_of, devices
+            )
+        return snap

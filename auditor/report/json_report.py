@@ -15,7 +15,8 @@ Schema ``auditor.report/v2``::
                 "unmeasured", "off_thread_collectives", "ended",
                 "time": {"wall_s", "startup_s", "steps", "data_wait_s", "h2d_s", "forward_s",
                          "backward_s", "optimizer_s", "collective_wait_s", "outside",
-                         "other_s", "gaps_s", "teardown_s", "started", "ended"},
+                         "other_s", "gaps_s", "teardown_s", "started", "ended",
+                         "startup_gpu_bytes", "teardown_gpu_bytes"},
                 "applied": [{"lever", "from", "to"}],
                 "not_applied": [{"lever", "value", "reason"}]}],
      "findings": [{"kind", "severity", "ranks", "summary", "evidence", "fixes",
@@ -58,8 +59,11 @@ once, in seconds summed over the run (not medians): ``startup_s`` (process start
 step), the steps' phases, ``outside`` (named work in the steps, by name: ``checkpoint``,
 ``evaluation``), ``other_s`` (the steps' unnamed rest), ``gaps_s`` (between steps) and
 ``teardown_s`` (last step to process end); they add up to ``wall_s``. ``started``/``ended``:
-whether the process start and end were reported (else no start-up or teardown is booked). null
-where no account could be made (and in reports from before it).
+whether the process start and end were reported (else no start-up or teardown is booked).
+``startup_gpu_bytes``/``teardown_gpu_bytes`` (only where measured): the most GPU memory the
+rank's process held while it started up and while it ended (NVML, its PID): a GPU holding
+memory then is starting up or ending, not idle. null where no account could be made (and in
+reports from before it).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from auditor.analysis.accounting import Account, Loss, largest_loss
 from auditor.report.model import RankEntry
-from auditor.wording import fmt_duration, fmt_pct, ranks_text
+from auditor.wording import fmt_duration, fmt_gib, fmt_pct, ranks_text
 
 # Each part of an account as the reports name it (legend, lines), in run order.
 PART_LABELS = {
@@ -88,7 +88,8 @@ def lead_line(ranks: Sequence[RankEntry]) -> str | None:
 
 def rank_line(a: Account) -> str:
     """``rank 0: 27.9s = start-up 3.1s, 200 steps 20.2s (...), teardown 0.40s``: the parts over
-    1% of the run, largest first within the steps."""
+    1% of the run, largest first within the steps; the GPU memory held while starting up or
+    ending where measured (``start-up 12.0s (GPU memory held 0.6 GiB)``)."""
     wall = a.wall_s
     parts = a.parts()
     inside = {
@@ -100,13 +101,21 @@ def rank_line(a: Account) -> str:
         f"{part_label(k)} {fmt_seconds(v)}"
         for k, v in sorted(inside.items(), key=lambda kv: -kv[1])
     )
-    pieces = [f"start-up {fmt_seconds(a.startup_s)}"] if a.started else []
+    pieces = (
+        [f"start-up {fmt_seconds(a.startup_s)}{_held(a.startup_gpu_bytes)}"] if a.started else []
+    )
     pieces.append(f"{a.steps} steps {fmt_seconds(a.steps_s)}" + (f" ({steps})" if steps else ""))
     if a.gaps_s >= 0.01 * wall and wall > 0:
         pieces.append(f"between steps {fmt_seconds(a.gaps_s)}")
     if a.ended:
-        pieces.append(f"teardown {fmt_seconds(a.teardown_s)}")
+        pieces.append(f"teardown {fmt_seconds(a.teardown_s)}{_held(a.teardown_gpu_bytes)}")
     return f"{ranks_text([a.rank])}: {fmt_seconds(wall)} = " + ", ".join(pieces)
+
+
+def _held(gpu_bytes: float | None) -> str:
+    """`` (GPU memory held 1.6 GiB)``: what the rank held on its GPU in that part of its run
+    (starting up or ending, not idle); empty where not measured."""
+    return "" if gpu_bytes is None else f" (GPU memory held {fmt_gib(gpu_bytes)})"
 
 
 def account_lines(ranks: Sequence[RankEntry]) -> list[str]:

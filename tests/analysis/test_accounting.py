@@ -8,7 +8,7 @@ import pytest
 
 from auditor.analysis.accounting import Account, RunTotals, account, largest_loss, losses
 from auditor.analysis.snapshot import SampleStore
-from auditor.samples import Batch, RankInfo, StepSample
+from auditor.samples import Batch, DeviceSample, GpuProcess, RankInfo, StepSample
 
 T0 = 1_700_000_000.0
 
@@ -176,3 +176,64 @@ def test_the_account_reads_back_from_its_json_and_survives_bad_values() -> None:
     assert Account.from_dict(0, a.to_dict()) == a
     b = Account.from_dict(3, {"wall_s": "ten", "outside": {"checkpoint": "x", "evaluation": 2}})
     assert b.wall_s == 0.0 and dict(b.outside) == {"evaluation": 2.0} and b.rank == 3
+
+
+def _gpu(t: float, procs: dict[int, int], *, used: int = 2 << 30) -> DeviceSample:
+    return DeviceSample(
+        node="h",
+        index=0,
+        uuid="GPU-0",
+        time=t,
+        gpu_util=0.0,
+        mem_used_bytes=used,
+        processes=tuple(GpuProcess(pid, b) for pid, b in procs.items()),
+    )
+
+
+def test_gpu_memory_held_while_starting_up_and_ending_is_booked_there() -> None:
+    # Rank 0 (PID 100) starts at T0, steps from T0 + 10 s for 5 s and ends 2 s later. NVML
+    # reads once a second: before CUDA starts nothing of it (the driver's 500 MiB in use), then
+    # its context and model (1 GiB), 3 GiB while training, 3 GiB until it ends.
+    store = SampleStore("gpu")
+    info = RankInfo(
+        rank=0,
+        world_size=1,
+        host="h",
+        pid=100,
+        device="cuda:0",
+        device_uuids=("GPU-0",),
+        started_at=T0,
+        ended_at=T0 + 17.0,
+    )
+    store.add(Batch(infos=(info,), steps=tuple(steps(0, 50, start=T0 + 10.0))))
+    gpu = [_gpu(T0 + k, {}, used=500 << 20) for k in range(4)]
+    gpu += [_gpu(T0 + k, {100: 1 << 30}) for k in range(4, 10)]
+    gpu += [_gpu(T0 + k + 0.5, {100: 3 << 30}) for k in range(10, 17)]
+    store.add(Batch(devices=tuple(gpu)))
+    a = store.snapshot(T0 + 20, None).accounts[0]
+    assert a.startup_s == pytest.approx(10.0)
+    assert a.startup_gpu_bytes == 1 << 30
+    assert a.teardown_gpu_bytes == 3 << 30
+    # Read back from the report as written; an account without a GPU writes neither figure.
+    assert Account.from_dict(0, a.to_dict()) == a
+    plain = account(0, RunTotals(), started_at=T0, ended_at=T0 + 1)
+    assert plain is not None and "startup_gpu_bytes" not in plain.to_dict()
+
+
+def test_gpu_memory_outside_the_steps_is_not_booked_where_unmeasured() -> None:
+    # Another process on the GPU (PID 7), none of the rank's in its start-up; no process end
+    # reported: no teardown booked, so none noted.
+    store = SampleStore("gpu")
+    info = RankInfo(
+        rank=0,
+        world_size=1,
+        host="h",
+        pid=100,
+        device="cuda:0",
+        device_uuids=("GPU-0",),
+        started_at=T0,
+    )
+    store.add(Batch(infos=(info,), steps=tuple(steps(0, 50, start=T0 + 10.0))))
+    store.add(Batch(devices=tuple(_gpu(T0 + k, {7: 1 << 30}) for k in range(20))))
+    a = store.snapshot(T0 + 20, None).accounts[0]
+    assert (a.startup_gpu_bytes, a.teardown_gpu_bytes) == (None, None)

@@ -12,7 +12,9 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.fixes import Fix
 from auditor.analysis.rules import compute_straggler
 from auditor.analysis.rules.compute_straggler import KIND
+from auditor.analysis.snapshot import Snapshot
 from tests.helpers.jobs import (
+    RankSpec,
     backward_straggler,
     balanced,
     ddp_snapshot,
@@ -20,6 +22,7 @@ from tests.helpers.jobs import (
     with_rank,
 )
 from tests.helpers.snapshots import collective_ops
+from tests.helpers.stalls import StallSpec, stall_snapshot
 
 
 def _only(findings: list[Finding]) -> Finding:
@@ -209,3 +212,78 @@ def test_a_slow_rank_that_also_waits_for_data_is_blamed_for_its_compute_only() -
     # Before: 40 (data) + 5 + 90 + 60 + 5 = 200 ms of local time; the fix brings its own
     # work to the peers' 100 ms and keeps its 40 ms data wait: 140 ms, about 200 / 140.
     assert f.predicted_speedup == pytest.approx(0.200 / 0.140, rel=0.05)
+
+
+# --- own work in no phase; a straggler no stall explains away ------------------------------------
+
+# A CPU rank's small step: 0.5 ms data, forward 2 ms, backward 4 ms, optimizer 0.5 ms, 1 ms comm.
+SMALL = RankSpec(
+    data_wait=0.0005, h2d=0.0, forward=0.002, backward=0.004, optimizer=0.0005, device="cpu"
+)
+
+
+def other_work_snapshot(world: int, rank: int = 1, other_s: float = 0.008) -> Snapshot:
+    """Rank ``rank``'s every step carries ``other_s`` of its own work in no phase (after its
+    optimizer step: a metric, a debug check), which its peers wait for at the next all-reduce:
+    about half of their run. Its phases are its peers'."""
+    specs = [SMALL] * world
+    return stall_snapshot(
+        specs, {rank: StallSpec(other_s, every=1, where="other")}, steps=60, comm=0.001
+    )
+
+
+@pytest.mark.parametrize(("world", "rank"), [(2, 1), (8, 3)])
+def test_own_work_in_no_phase_is_a_stragglers(world: int, rank: int) -> None:
+    snap = other_work_snapshot(world, rank)
+    peers = [r for r in range(world) if r != rank]
+    # The peers wait about half of their steps; the rank's phases equal theirs.
+    for q in peers:
+        s = snap.stats[q]
+        assert (s.collective_wait_s or 0) / s.step_s > 0.45
+        assert s.compute_s == pytest.approx(snap.stats[rank].compute_s, rel=0.1)
+    f = _only(compute_straggler.RULE(snap))
+    assert f.ranks == (rank,)
+    slow = f.facts.ranks[rank]
+    assert slow.phase == "other"
+    assert slow.phase_s == pytest.approx(0.008, rel=0.05)
+    assert slow.peer_phase_s == pytest.approx(0.0, abs=1e-4)
+    # Its fix points at the loop's own code; a smaller batch does not shrink that work.
+    assert f.fixes == (Fix("rank_work", rank, "other", None, f.predicted_speedup, (KIND,)),)
+    assert slow.batch_share is None
+    assert f.severity in ("warning", "critical")
+    # Nothing else blames the peers that wait for it.
+    for other in analyze(snap):
+        assert set(other.ranks) <= {rank}, other.to_dict()
+
+
+@pytest.mark.parametrize(("world", "slow"), [(2, 1), (8, 5)])
+def test_a_stall_does_not_explain_a_persistent_straggler_away(world: int, slow: int) -> None:
+    from tests.analysis.test_stall import noisy_straggler
+
+    snap = noisy_straggler(world, slow)
+    stalled = Finding(kind="stall", severity="info", ranks=(slow,))
+    # Its typical (median) own work is past its peers': blamed all the same, on its typical
+    # step (forward 150 ms against 30 ms).
+    f = _only(compute_straggler.RULE(snap, [stalled]))
+    assert f.ranks == (slow,)
+    assert f.facts.ranks[slow].phase == "forward"
+    assert f.facts.ranks[slow].phase_s == pytest.approx(0.150, rel=0.1)
+    assert f.facts.ranks[slow].peer_phase_s == pytest.approx(0.030, rel=0.1)
+    # A rank whose typical step is its peers' is the stall's alone.
+    calm = stall_snapshot(balanced(world), {slow: StallSpec(1.0, every=5)}, steps=40)
+    assert compute_straggler.RULE(calm, [stalled]) == []
+
+
+def test_peers_that_differ_as_much_among_themselves_hide_no_straggler() -> None:
+    # 8 ranks of a mixed fleet: own work 60, 70, 80, 90, 100, 105, 110 ms on ranks 0-6 (their
+    # median absolute deviation 15 ms: 22 ms as a standard deviation), and 145 ms on rank 7:
+    # 1.6x its peers' median, but 55 ms over it is within three of their spreads (67 ms). Not
+    # blamed; with the spread left out it would be, and it alone.
+    backward = [0.020, 0.030, 0.040, 0.050, 0.060, 0.065, 0.070, 0.105]
+    specs = [replace(balanced(1)[0], backward=b) for b in backward]
+    snap = ddp_snapshot(specs)
+    assert compute_straggler.RULE(snap) == []
+    assert [f.ranks for f in compute_straggler.RULE(snap, spread_k=0.0)] == [(7,)]
+    # With 2 ranks the peer has no spread: the ratio and the gap decide alone.
+    pair = ddp_snapshot([specs[0], specs[7]])
+    assert [f.ranks for f in compute_straggler.RULE(pair)] == [(1,)]

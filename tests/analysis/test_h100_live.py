@@ -9,13 +9,15 @@ generator thought they would.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from auditor.analysis import SampleStore, analyze
 from auditor.analysis.findings import Finding
-from auditor.analysis.snapshot import Snapshot
+from auditor.analysis.rules import idle_device
+from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
 from auditor.telemetry.recorded import read_recording
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h100_live"
@@ -99,3 +101,68 @@ def test_phases_never_exceed_the_step(name: str) -> None:
         if s.data_wait_s + s.compute_s + (s.collective_wait_s or 0.0) > s.step_s * 1.02 + 1e-4
     ]
     assert over == []
+
+
+def long_startup(seconds: float, *, util: float | None = None) -> Snapshot:
+    """The balanced recording (``verdict_none``: 20 s of training) as the final verdict judges it
+    (the whole run, warm-up skipped), after a start-up of ``seconds``: NVML samples at 0% once a
+    second, each rank's process holding its CUDA context and model (the recording's own
+    start-up sample, 549 MB each, repeated), and each rank's process start reported that long
+    before its first step. ``util`` replaces every recorded utilisation (None: as recorded)."""
+    rec = read_recording(DATA / "verdict_none.jsonl")
+    batch = rec.batch
+    first = min(s.time - s.step_s for s in batch.steps)
+    held = next(d for d in sorted(batch.devices, key=lambda d: d.time) if len(d.processes) == 2)
+    start = first - seconds
+    before = tuple(
+        replace(held, time=start + k, gpu_util=0.0)
+        for k in range(int(seconds))
+        if start + k < min(d.time for d in batch.devices)
+    )
+    devices = before + tuple(
+        d if util is None else replace(d, gpu_util=util) for d in batch.devices
+    )
+    infos = tuple(replace(i, started_at=start) for i in batch.infos)
+    store = SampleStore(job=rec.job, warmup_steps=WARMUP_STEPS)
+    store.add(replace(batch, infos=infos, devices=devices))
+    now = store.latest_time()
+    assert now is not None
+    return store.snapshot(now=now, window_s=None)
+
+
+@pytest.mark.parametrize("seconds", [12.0, 40.0])
+def test_a_long_start_up_is_no_idle_gpu(seconds: float) -> None:
+    # 40 s of start-up against 20 s of training: over the whole run NVML's median reads 0%
+    # busy with 1.6 GiB held (what read "ranks 0, 1 hold the job back (idle_device)" on an
+    # H200). The GPU is judged over the time its owners trained: 65% busy.
+    snap = long_startup(seconds)
+    gpu = dict(snap.gpus_in_place)[UUID]
+    if seconds > 20:
+        assert gpu.gpu_util == 0.0 and gpu.processes
+    findings = analyze(snap)
+    assert "idle_device" not in {f.kind for f in findings}
+    assert warnings_of(findings) == {}
+    # The start-up is booked as such, with what each rank held on the GPU meanwhile.
+    for rank, pid_bytes in ((0, 622_854_144), (1, 549_453_824)):
+        account = snap.accounts[rank]
+        assert account.startup_s == pytest.approx(seconds, abs=0.1)
+        assert account.startup_gpu_bytes == pid_bytes
+
+
+def test_ranks_computing_on_the_device_outrank_nvml() -> None:
+    # NVML reads 0% all along (as a GPU NVML cannot see into would), yet both ranks time their
+    # phases on the device with CUDA events: 2.3 ms of each 5.7 ms step. Never idle.
+    snap = long_startup(12.0, util=0.0)
+    assert dict(snap.gpus_in_place)[UUID].gpu_util == 0.0
+    assert all(s.busy_ratio > 0.2 and s.device == "cuda:0" for s in snap.stats.values())
+    assert idle_device.RULE(snap) == []
+    # Without the ranks' word (their device time not on a CUDA timeline) it would be idle.
+    cpu = Snapshot(
+        job=snap.job,
+        start=snap.start,
+        end=snap.end,
+        ranks=tuple(replace(v, info=replace(v.info, device="cpu")) for v in snap.ranks),
+        devices=snap.devices,
+        history=snap.history,
+    )
+    assert [f.ranks for f in idle_device.RULE(cpu)] == [(0, 1)]

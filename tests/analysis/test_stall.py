@@ -4,6 +4,7 @@ not blamed on one; balanced jobs, jitter and starved ranks give nothing."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -224,14 +225,31 @@ def test_the_whole_analysis_names_the_checkpointing_rank_and_blames_no_waiter() 
         assert 1 not in f.ranks, f.to_dict()
 
 
-def test_a_stalling_rank_is_the_stalls_not_a_compute_stragglers() -> None:
+def test_a_stalling_rank_that_is_slower_besides_is_also_a_compute_straggler() -> None:
     # Rank 0 computes 30% slower per sample and saves 1.2 s every 4 steps. Alone,
     # compute_straggler would blame it with the saves as its extra local time (the
-    # duration-weighted medians lean on the long steps); the stall explains it.
+    # duration-weighted medians lean on the long steps). The stall explains those figures, not
+    # the rank's typical step: its forward takes 60 ms against 30 ms in every step, so it is
+    # a straggler as well, judged on its typical step (a stall never explains a persistent
+    # straggler away).
     specs = with_rank(balanced(2), 0, forward=0.06)
     snap = stall_snapshot(specs, {0: StallSpec(1.2, every=4, first=3, name="checkpoint")}, steps=40)
     (alone,) = RULES["compute_straggler"](snap)
     assert alone.evidence["per_rank"]["0"]["extra_local_ms"] > 500
+    found = analyze(snap)
+    assert [(f.kind, f.ranks) for f in found] == [("stall", (0,)), ("compute_straggler", (0,))]
+    (straggler,) = [f for f in found if f.kind == "compute_straggler"]
+    row = straggler.evidence["per_rank"]["0"]
+    assert row["phase"] == "forward"
+    assert row["phase_ms"] == pytest.approx(60, rel=0.05)
+    assert row["peer_phase_ms"] == pytest.approx(30, rel=0.05)
+    assert row["extra_local_ms"] == pytest.approx(30, rel=0.1)
+    # The speed-up of the compute fix alone: (135 + 4) / (105 + 4) ms, the saves not counted.
+    assert straggler.predicted_speedup == pytest.approx(139 / 109, rel=0.03)
+    # Without the slower forward the stall explains everything.
+    snap = stall_snapshot(
+        balanced(2), {0: StallSpec(1.2, every=4, first=3, name="checkpoint")}, steps=40
+    )
     assert [(f.kind, f.ranks) for f in analyze(snap)] == [("stall", (0,))]
 
 
@@ -274,3 +292,104 @@ def test_a_real_checkpoint_on_rank_0_is_named() -> None:
 @pytest.mark.parametrize("name", ["balanced_busy_host_1.jsonl", "balanced_busy_host_2.jsonl"])
 def test_a_real_balanced_job_on_a_busy_host_has_no_stall(name: str) -> None:
     assert stall.RULE(_recorded(name)) == []
+
+
+# --- noise is not a stall -----------------------------------------------------------------------
+
+
+def noisy_straggler(world: int, slow: int, *, seed: int = 0, steps: int = 80) -> Snapshot:
+    """A busy host under a persistent straggler: rank ``slow``'s forward takes 150 ms against
+    30 ms on its peers in every step (its peers wait about half their run), and the host
+    deschedules each rank now and then for about as long as its own work again (12% of the
+    slow rank's steps, 4% of the others'). What read "balanced" on a real CPU job: the stall
+    rule took the slow rank's noisy steps for irregular stalls, which explained
+    compute_straggler away."""
+    rng = random.Random(seed)
+    specs = with_rank(balanced(world), slow, forward=0.150)
+    stalls = {}
+    for r in range(world):
+        p = 0.12 if r == slow else 0.04
+        at = tuple(k for k in range(steps) if rng.random() < p)
+        stalls[r] = StallSpec(0.26 if r == slow else 0.13, steps=at, where="forward")
+    return stall_snapshot(specs, stalls, steps=steps, jitter=0.1, seed=seed)
+
+
+@pytest.mark.parametrize(("world", "slow"), [(2, 1), (8, 5)])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_noisy_persistent_straggler_is_not_stalling(world: int, slow: int, seed: int) -> None:
+    snap = noisy_straggler(world, slow, seed=seed)
+    assert stall.RULE(snap) == []
+    # The rule that made it so: a rank slower than its peers in most of its steps is a
+    # straggler whatever its spread (without it the noisy steps read as stalls, as before).
+    assert [f.ranks for f in stall.RULE(snap, straggler_margin=10.0)] == [(slow,)]
+    found = analyze(snap)
+    assert [(f.kind, f.ranks) for f in found if f.kind in ("stall", "compute_straggler")] == [
+        ("compute_straggler", (slow,))
+    ]
+    (f,) = [f for f in found if f.kind == "compute_straggler"]
+    assert f.severity in ("warning", "critical")
+    assert f.facts.ranks[slow].phase == "forward"
+
+
+def test_a_straggler_that_saves_checkpoints_stalls_too() -> None:
+    # Named work is a stall on any rank: the probe saw what it was.
+    specs = with_rank(balanced(2), 1, forward=0.150)
+    snap = stall_snapshot(specs, {1: StallSpec(1.0, every=6, name="checkpoint")}, steps=48)
+    found = analyze(snap)
+    assert {(f.kind, f.ranks) for f in found if f.kind in ("stall", "compute_straggler")} == {
+        ("stall", (1,)),
+        ("compute_straggler", (1,)),
+    }
+    (s,) = [f for f in found if f.kind == "stall"]
+    assert (s.facts.ranks[1].work, s.facts.ranks[1].period) == ("checkpoint", 6)
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_slow_spells_are_not_separate_stalls(world: int) -> None:
+    # Rank 1 is slow for two spells of 5 steps (the host busy for a while): a run of spikes is a
+    # slow spell, not stalls; the rule named 10 "irregular stalls" in it before.
+    spells = tuple(range(20, 25)) + tuple(range(50, 55))
+    snap = stall_snapshot(
+        balanced(world), {1: StallSpec(0.3, steps=spells, where="forward")}, steps=80
+    )
+    assert stall.RULE(snap) == []
+    assert [f.ranks for f in stall.RULE(snap, max_run=1000)] == [(1,)]
+    # Separate stalls beside a spell are still named: the spell's steps do not count.
+    apart = (*spells, 8, 37, 66)
+    snap = stall_snapshot(
+        balanced(world), {1: StallSpec(0.3, steps=apart, where="forward")}, steps=80
+    )
+    (f,) = stall.RULE(snap)
+    assert f.ranks == (1,) and f.facts.ranks[1].steps == (8, 37, 66)
+
+
+def test_a_spike_stands_out_of_the_ranks_own_spread() -> None:
+    # A rank whose own work wobbles between 10 and 170 ms around 90 ms in a 100 ms step: its
+    # wobbles exceed one median step over its median now and then, but not three times its
+    # spread (median absolute deviation 40 ms: 59 ms as a standard deviation). A 900 ms pause
+    # does, and the pauses do not move the spread they are judged against.
+    rng = random.Random(3)
+    work = [0.09 + rng.uniform(-0.08, 0.08) for _ in range(60)]
+    work[21] = work[44] = 0.99
+    rs = stall.RankSteps(
+        step=tuple(range(60)),
+        step_s=(0.05,) * 60,
+        work_s=tuple(work),
+        wait_s=(0.0,) * 60,
+        outside=(None,) * 60,
+    )
+    t = stall.Thresholds()
+    assert set(stall._spikes(rs, t)) == {21, 44}
+    wobbles = set(stall._spikes(rs, replace(t, spread_k=0.0))) - {21, 44}
+    assert wobbles  # without the spread, the wobbles above one step (50 ms) counted too
+
+
+@pytest.mark.parametrize(("world", "rank"), [(2, 1), (8, 3)])
+def test_work_in_no_phase_every_step_is_no_stall(world: int, rank: int) -> None:
+    from tests.analysis.test_compute_straggler import other_work_snapshot
+
+    snap = other_work_snapshot(world, rank)
+    assert stall.RULE(snap) == []
+    assert [(f.kind, f.ranks) for f in analyze(snap) if f.kind == "compute_straggler"] == [
+        ("compute_straggler", (rank,))
+    ]

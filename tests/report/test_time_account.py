@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
-from auditor.analysis.accounting import Loss
+from auditor.analysis.accounting import Account, Loss
 from auditor.analysis.snapshot import SampleStore
 from auditor.report.figures import time_figure
 from auditor.report.html import render_html
 from auditor.report.json_report import make_report
 from auditor.report.model import Report
 from auditor.report.terminal import render_verdict
-from auditor.report.time_account import loss_sentence
+from auditor.report.time_account import loss_sentence, rank_line
 from auditor.samples import Batch, RankInfo, StepSample
 
 T0 = 1_700_000_000.0
@@ -119,3 +120,22 @@ def test_a_loss_every_rank_shares_is_worded_for_them_together() -> None:
         loss_sentence(Loss("compile", 2, 75.0, 0.5))
         == "rank 2 spent 1m15s (50% of its run) on compile"
     )
+
+
+def test_gpu_memory_held_while_starting_up_and_ending_is_said_there() -> None:
+    a = Account(
+        rank=0,
+        wall_s=30.0,
+        startup_s=12.0,
+        steps=100,
+        forward_s=17.0,
+        teardown_s=1.0,
+        startup_gpu_bytes=1.5 * 1024**3,
+        teardown_gpu_bytes=3 * 1024**3,
+    )
+    assert rank_line(a) == (
+        "rank 0: 30.0s = start-up 12.0s (GPU memory held 1.5 GiB), 100 steps 17.0s "
+        "(forward 17.0s), teardown 1.0s (GPU memory held 3.0 GiB)"
+    )
+    plain = replace(a, startup_gpu_bytes=None, teardown_gpu_bytes=None)
+    assert "GPU memory" not in rank_line(plain)

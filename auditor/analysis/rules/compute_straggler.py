@@ -1,40 +1,63 @@
-"""compute_straggler: a rank whose own compute is slower than its peers', that everyone waits for.
+"""compute_straggler: a rank whose own work is slower than its peers', that everyone waits for.
 
-Metric: per rank, compute time per sample (``compute_s``: h2d + forward + backward + optimizer,
-exclusive phases, so backward holds none of the collective wait; divided by the batch), and the
-median collective wait per step: the gradient all-reduce and every other ``torch.distributed``
-collective, by operation (``collective_ops``), which the finding names where the others wait.
+Metric: per rank, its own work per sample (:func:`~auditor.analysis.measures.own_work`: h2d +
+forward + backward + optimizer, exclusive phases, so backward holds none of the collective wait,
+*and* its time in no phase, ``other``: the loop's own code between forward and backward or after
+the step, a metric, a debug check, a host-side transform, which its peers wait for just the
+same; divided by the batch), and the median collective wait per step: the gradient all-reduce
+and every other ``torch.distributed`` collective, by operation (``collective_ops``), which the
+finding names where the others wait.
 
 Why the wait matters: DDP's all-reduce ends every step at a barrier, so fast ranks spend the
 straggler's extra time waiting inside ``backward()``. Backward *wall* time is then nearly equal on
 every rank and hides a delay inside backward; the wait is not: the straggler waits least. The
-rank is blamed only if it both computes slower per sample (by ``min_excess``) and, where the wait
-was measured, waits less than its peers; a rank that only waits is never blamed.
+rank is blamed only if it both works slower per sample (by ``min_excess``) and, where the wait
+was measured, waits less than its peers; a rank that only waits is never blamed. The rank's extra
+work must also stand out of its peers' own spread (``spread_k`` times their median absolute
+deviation): robust to the straggler it looks for, with 2 ranks (no spread) as with 8.
 
-The phase with the largest excess over the peers' median names where to look. Per-sample
-normalisation leaves uneven batches to ``batch_split``; data wait is excluded (``data_starvation``);
-a rank whose host is oversubscribed by its own DataLoader workers is left to
-``cpu_oversubscription``, which explains its slower compute; a rank that stalls (``stall``: a
-checkpoint every few steps) is that finding's, as its stalls weigh in its duration-weighted
-medians.
+The phase with the largest excess over the peers' median names where to look (``other`` where
+the work is in no phase). Per-sample normalisation leaves uneven batches to ``batch_split``;
+data wait is excluded (``data_starvation``); a rank whose host is oversubscribed by its own
+DataLoader workers is left to ``cpu_oversubscription``, which explains its slower compute. A
+rank that stalls (``stall``: a checkpoint every few steps) reads slower in its duration-weighted
+medians, where its stalls weigh (and its peers in their waits): the stall explains that, and
+the job is judged on each rank's typical step instead (the plain median of each figure over its
+steps, :class:`~auditor.analysis.measures.TypicalStep`). Where even its typical own work is past
+its peers' it is a straggler as well, and blamed on those figures (the speed-up of its own fix,
+the stalls not counted): a stall never explains a persistent straggler away.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..advisor import Barrier
 from ..findings import Finding, severity_for
 from ..fixes import Fix
-from ..measures import PeerMedians, own_work, peer_median, with_peers_work
+from ..measures import (
+    WORK_PHASES,
+    PeerMedians,
+    TypicalStep,
+    other_work,
+    own_work,
+    peer_median,
+    robust_spread,
+    typical_steps,
+    with_peers_work,
+)
 from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 from ..stats import collective_ops_ms, ops_order
 
 KIND = "compute_straggler"
-PHASES = ("h2d", "forward", "backward", "optimizer")
+# The phases compared, in order; ``other``: the rank's own work in no phase.
+PHASES = WORK_PHASES
+OTHER = "other"
+# The finding that explains a rank's slower duration-weighted figures by its spikes alone.
+STALL = "stall"
 
 
 @dataclass(frozen=True)
@@ -44,19 +67,25 @@ class Thresholds:
     min_excess: compute per sample relative to the peers' median that counts as slow.
     min_gap_ratio: the rank's extra local time, and its extra own work (the local time less
         its data wait), must each be at least this share of the step.
+    spread_k: the extra own work must also be at least this many times its peers' spread
+        (the median absolute deviation of their own work, as a standard deviation): a rank
+        does not stand out of peers that differ as much among themselves.
     """
 
     min_steps: int = 8
     min_excess: float = 1.25
     min_gap_ratio: float = 0.10
+    spread_k: float = 3.0
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """Per rank (the ranks ready to judge, at their pace): compute per sample, local time, own
+    """Per rank (the ranks ready to judge, at their pace): own work per sample, local time, own
     work (local less data wait: the data wait is data_starvation's), collective wait (None:
-    unmeasured), its exclusive phases (:data:`PHASES` order), batch and micro-batch, and the
-    collectives it waited in; the job's median step and its barrier model."""
+    unmeasured), its exclusive phases and its work in none (:data:`PHASES` order), batch and
+    micro-batch, the collectives it waited in, and its typical step (plain medians: what a
+    rank whose stalls weigh in its figures is judged on); the job's median step and its
+    barrier model."""
 
     per_sample_s: Mapping[int, float]
     local_s: Mapping[int, float]
@@ -70,12 +99,15 @@ class Inputs:
     ops_ms: Mapping[str, Mapping[str, float]]
     step_s: float
     barrier: Barrier
+    typical: Mapping[int, TypicalStep] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class SlowRank:
-    """A blamed rank: its slowest phase against the peers' median of it, and the batch that
-    would fit its pace if its device is simply slower (None where a smaller batch buys nothing)."""
+    """A blamed rank: its slowest phase (:data:`PHASES`; ``other``: its own work in no phase)
+    against the peers' median of it, and the batch that would fit its pace if its device is
+    simply slower (None where a smaller batch buys nothing, and for work in no phase, which a
+    smaller batch does not shrink)."""
 
     phase: str
     phase_s: float
@@ -100,14 +132,18 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
     stats = snapshot.ready(t.min_steps)
     if len(stats) < 2:
         return None
+    other = other_work(snapshot, stats)
     return Inputs(
         per_sample_s={
-            r: s.compute_s / s.batch_size if s.batch_size else s.compute_s for r, s in stats.items()
+            r: own_work(s) / s.batch_size if s.batch_size else own_work(s) for r, s in stats.items()
         },
         local_s={r: s.local_s for r, s in stats.items()},
         work_s={r: own_work(s) for r, s in stats.items()},
         wait_s={r: s.collective_wait_s for r, s in stats.items()},
-        phases_s={r: (s.h2d_s, s.forward_s, s.backward_s, s.optimizer_s) for r, s in stats.items()},
+        phases_s={
+            r: (s.h2d_s, s.forward_s, s.backward_s, s.optimizer_s, other.get(r, 0.0))
+            for r, s in stats.items()
+        },
         batch={r: s.batch_size for r, s in stats.items()},
         micro_batch={r: s.micro_batch_size for r, s in stats.items()},
         accumulated={r: s.accumulated for r, s in stats.items()},
@@ -115,14 +151,23 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         ops_ms=collective_ops_ms(stats),
         step_s=statistics.median(s.step_s for s in stats.values()),
         barrier=Barrier.of(stats),
+        # A window of one sample per rank (serve's means) is its own typical step: none kept.
+        typical=typical_steps(snapshot, stats)
+        if any(len(v.steps) > 1 for v in snapshot.ranks)
+        else {},
     )
 
 
 def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
-    """Blame ranks that compute slower per sample than their peers and make them wait. Ranks
+    """Blame ranks that work slower per sample than their peers and make them wait. Ranks
     whose slowness another finding explains (their own DataLoader workers oversubscribing the
-    host, a throttled or slower GPU) are not judged here."""
-    contended = explained.ranks
+    host, a throttled or slower GPU) are not judged here; ranks a stall explains are judged on
+    their typical step."""
+    stalled = frozenset(r for f in explained.findings if f.kind == STALL for r in f.ranks)
+    contended = frozenset(r for f in explained.findings if f.kind != STALL for r in f.ranks)
+    # A stalled rank without its typical step (none measured) is the stall's alone.
+    contended |= {r for r in stalled if r not in i.typical}
+    i = _typical_for(i, stalled - contended)
     blamed: dict[int, dict[str, float]] = {}
     cps_of_peers = PeerMedians(i.per_sample_s)
     local_of_peers = PeerMedians(i.local_s)
@@ -138,8 +183,11 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             continue
         excess = i.per_sample_s[r] / peer_cps
         gap = i.local_s[r] - peer_local
-        if excess < t.min_excess or min(gap, i.work_s[r] - peer_work) < t.min_gap_ratio * i.step_s:
+        extra = i.work_s[r] - peer_work
+        if excess < t.min_excess or min(gap, extra) < t.min_gap_ratio * i.step_s:
             continue
+        if extra < t.spread_k * _peer_spread(i.work_s, r):
+            continue  # its peers differ as much among themselves: it does not stand out
         w = i.wait_s[r]
         peer_wait = waits_of_peers.get(r)
         if w is None and peer_wait is not None:
@@ -161,7 +209,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         batch = share = None
         # In the unit the user sets: the micro-batch (the step's batch without accumulation).
         micro = i.micro_batch[r]
-        if micro:
+        if micro and phase != OTHER:
             fits = max(1, round(micro * (peer_median(i.per_sample_s, r) or 0) / i.per_sample_s[r]))
             if fits < micro:
                 batch, share = round(micro), fits
@@ -198,6 +246,42 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             fixes=tuple(fixes),
         )
     ]
+
+
+def _typical_for(i: Inputs, stalled: frozenset[int]) -> Inputs:
+    """``i`` taken from every rank's typical step where a stall explains some rank's figures
+    (``stalled``): a stall's spikes weigh in duration-weighted medians and read as slow work in
+    every figure of the stalling rank, and as waits in its peers'; the plain medians over the
+    steps say whether the rank is slower besides. Every rank is read alike, so the comparison
+    is of like with like."""
+    if not any(r in i.typical for r in stalled if r in i.per_sample_s):
+        return i
+    swap = {r: i.typical[r] for r in i.per_sample_s if r in i.typical}
+    per_sample = dict(i.per_sample_s)
+    local, work, wait, phases = dict(i.local_s), dict(i.work_s), dict(i.wait_s), dict(i.phases_s)
+    for r, typ in swap.items():
+        batch = i.batch[r]
+        per_sample[r] = typ.work_s / batch if batch else typ.work_s
+        local[r], work[r], phases[r] = typ.local_s, typ.work_s, typ.phases_s
+        if typ.wait_s is not None:
+            wait[r] = typ.wait_s
+    waits = [w for w in wait.values() if w is not None]
+    return replace(
+        i,
+        per_sample_s=per_sample,
+        local_s=local,
+        work_s=work,
+        wait_s=wait,
+        phases_s=phases,
+        step_s=statistics.median(t.step_s for t in swap.values()),
+        barrier=Barrier(local, min(waits) if waits else 0.0),
+    )
+
+
+def _peer_spread(work_s: Mapping[int, float], r: int) -> float:
+    """Rank ``r``'s peers' spread of own work (:func:`robust_spread` of every other rank's; 0.0
+    with one peer). Asked only of a rank that is already slower by the other thresholds."""
+    return robust_spread(v for q, v in work_s.items() if q != r)
 
 
 def _worst_phase(i: Inputs, r: int, peers: list[int]) -> tuple[str, float, float]:

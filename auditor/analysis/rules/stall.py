@@ -8,9 +8,22 @@ medians call the job balanced. So this rule reads the raw per-step samples of th
 
 Metric, per rank and step: the rank's own work, ``step_s - data_wait_s - collective_wait_s``
 (its phases and its time in no phase: ``other_s``, where a checkpoint or a logging call lands).
-A step *spikes* where its own work exceeds the rank's median by ``min_spike_ratio`` of its
-median step (and by ``min_spike_s``); a rank spiking in more than ``max_spike_ratio`` of its
-steps is steadily slow (compute_straggler's), not stalling.
+
+Noise is not a stall: a stall is a rare, large, separate spike.
+
+* *Large*: a step spikes where its own work exceeds the rank's median by ``min_spike_ratio`` of
+  its median step, by ``min_spike_s``, and by ``spread_k`` times the spread of its own work
+  (the median absolute deviation, as a standard deviation: robust to the spikes it looks for,
+  which leave it where the ordinary steps put it). A rank whose every step wobbles does not
+  stall at its wobbles.
+* *Rare*: a rank spiking in more than ``max_spike_ratio`` of its steps is steadily slow
+  (compute_straggler's), not stalling.
+* *Separate*: spikes in a run of more than ``max_run`` consecutive steps are a slow spell (a
+  busy host for a while, a rank that turned slow), not a stall: none of them counts.
+* A rank that is slower than its peers in most of its steps (its median own work past its
+  peers' median by ``straggler_margin`` of its median step) is a straggler whatever its spread:
+  its unnamed spikes are the tail of its slowness on a busy host, never a stall
+  (compute_straggler names it). Named work (a checkpoint the probe saw) is a stall on any rank.
 
 Attribution, per step ``k`` with spikes: the ranks whose spike is at least ``alike_ratio`` of
 the largest are its leaders.
@@ -58,7 +71,7 @@ from operator import attrgetter, itemgetter
 from ..advisor import Barrier
 from ..findings import Finding, severity_for
 from ..fixes import Fix
-from ..measures import NOT_PREDICTED, PeerMedians
+from ..measures import NOT_PREDICTED, PeerMedians, robust_spread
 from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 
@@ -92,6 +105,12 @@ class Thresholds:
     noise_ratio: unnamed stalls must take this many times the share its peers' own spikes take
         (ordinary jitter on a busy host spikes every rank alike, now one, now another).
     target_share: the share of the run a checkpoint should cost; the proposed interval keeps it.
+    spread_k: a spike exceeds the rank's median own work by at least this many times the
+        spread of its own work (median absolute deviation, as a standard deviation).
+    max_run: spikes in a run of more consecutive steps than this are a slow spell, not stalls.
+    straggler_margin: a rank whose median own work exceeds its peers' median by this share of
+        its median step is slower in most of its steps: a straggler, whose unnamed spikes are
+        not stalls.
     """
 
     min_steps: int = 8
@@ -105,6 +124,9 @@ class Thresholds:
     min_speedup: float = 1.02
     noise_ratio: float = 2.0
     target_share: float = 0.05
+    spread_k: float = 3.0
+    max_run: int = 2
+    straggler_margin: float = 0.10
 
 
 @dataclass(frozen=True)
@@ -203,14 +225,19 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     noise = PeerMedians(
         {r: sum(spikes[r].values()) / (sum(i.ranks[r].step_s) or 1.0) for r in ranks}
     )
+    slower = _stragglers(i, t)
     for r, occs in sorted(blamed.items()):
         stall = _stall(occs, [r], i, t)
         if stall is None:
             continue  # too few or too cheap
         if stall.work is None and (
-            r in explained.ranks or stall.share < t.noise_ratio * (noise.get(r) or 0.0)
+            r in explained.ranks
+            or r in slower
+            or stall.share < t.noise_ratio * (noise.get(r) or 0.0)
         ):
-            continue  # unnamed: a host its workers oversubscribe, or jitter every rank has
+            # Unnamed: a host its workers oversubscribe, the tail of a rank slower in most of
+            # its steps (a straggler), or jitter every rank has.
+            continue
         stalls[r] = stall
     if stalls:
         blame = _blame(stalls, blamed, i)
@@ -231,14 +258,50 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
 
 
 def _spikes(rs: RankSteps, t: Thresholds) -> dict[int, float]:
-    """The rank's steps whose own work exceeds its median by the thresholds: step -> excess
-    (empty where it spikes too often to be stalling)."""
+    """The rank's steps whose own work exceeds its median by the thresholds (large, and out of
+    its own spread), in runs of at most ``max_run`` steps (separate): step -> excess (empty
+    where it spikes too often to be stalling)."""
     if not rs.step:
         return {}
     median = statistics.median(rs.work_s)
-    floor = max(t.min_spike_ratio * statistics.median(rs.step_s), t.min_spike_s)
+    floor = max(
+        t.min_spike_ratio * statistics.median(rs.step_s),
+        t.min_spike_s,
+        t.spread_k * robust_spread(rs.work_s),
+    )
     out = {k: w - median for k, w in zip(rs.step, rs.work_s, strict=True) if w - median >= floor}
-    return {} if len(out) > t.max_spike_ratio * len(rs.step) else out
+    if len(out) > t.max_spike_ratio * len(rs.step):
+        return {}
+    return _separate(out, t.max_run)
+
+
+def _separate(spikes: dict[int, float], max_run: int) -> dict[int, float]:
+    """``spikes`` less those in a run of more than ``max_run`` consecutive steps."""
+    out: dict[int, float] = {}
+    run: list[int] = []
+    for k in sorted(spikes):
+        if run and k != run[-1] + 1:
+            if len(run) <= max_run:
+                out.update((s, spikes[s]) for s in run)
+            run = []
+        run.append(k)
+    if run and len(run) <= max_run:
+        out.update((s, spikes[s]) for s in run)
+    return out
+
+
+def _stragglers(i: Inputs, t: Thresholds) -> frozenset[int]:
+    """Ranks slower than their peers in most of their steps: the median of their own work
+    past the median of their peers' medians by ``straggler_margin`` of their median step."""
+    typical = {r: statistics.median(rs.work_s) for r, rs in i.ranks.items() if rs.step}
+    of_peers = PeerMedians(typical)
+    out = set()
+    for r, work in typical.items():
+        peer = of_peers.get(r)
+        step = statistics.median(i.ranks[r].step_s)
+        if peer is not None and work - peer >= t.straggler_margin * step:
+            out.add(r)
+    return frozenset(out)
 
 
 def _occurrences(

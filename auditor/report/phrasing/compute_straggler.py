@@ -1,9 +1,10 @@
-"""compute_straggler in words: the slow phase against the peers', where the others wait."""
+"""compute_straggler in words: the slow phase against the peers' (or the loop's own code in no
+phase), where the others wait."""
 
 from __future__ import annotations
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.compute_straggler import Facts, SlowRank
+from auditor.analysis.rules.compute_straggler import OTHER, Facts, SlowRank
 from auditor.wording import fmt_ms, ranks_text
 
 from .words import (
@@ -23,7 +24,7 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
     where = f"in {ops_text(facts.waiting_in)}" if facts.waiting_in else "at the all-reduce"
     summary = (
         f"{ranks_text(facts.ranks)} compute{s_if_one(facts.ranks)} slower than peers "
-        f"({first.phase} {fmt_ms(first.phase_s)} vs {fmt_ms(first.peer_phase_s)}); "
+        f"({_phase(first.phase)} {fmt_ms(first.phase_s)} vs {fmt_ms(first.peer_phase_s)}); "
         f"the others wait for {it_or_them(facts.ranks)} {where}"
     )
     fixes = {
@@ -33,7 +34,23 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
     return Phrase(summary, fixes)
 
 
+# The work in no phase, as the summary names it.
+OTHER_TEXT = "its own code outside forward/backward/optimizer"
+
+
+def _phase(phase: str) -> str:
+    return OTHER_TEXT if phase == OTHER else phase
+
+
 def _fix(slow: SlowRank) -> str:
+    if slow.phase == OTHER:
+        return (
+            f"the loop's own code outside forward/backward/optimizer takes "
+            f"{fmt_ms(slow.phase_s)} a step vs {fmt_ms(slow.peer_phase_s)} on peers: remove "
+            "the work this rank alone does there (a metric, a debug check, a host-side "
+            "transform between forward and backward or after the step), do it every N steps, "
+            "or move it off the training loop"
+        )
     fix = (
         f"{slow.phase} takes {fmt_ms(slow.phase_s)} vs {fmt_ms(slow.peer_phase_s)} on peers: "
         f"remove the rank-specific work in {slow.phase}"

@@ -35,7 +35,9 @@ def _holders(facts: Facts) -> str:
 
 def _fix(facts: Facts, *, owned: bool) -> str:
     """Free the GPU: from the rank that ``owned`` it, or from the processes outside the job."""
-    busy = f"busy {facts.busy:.0%} over {facts.window_s:.0f} s"
+    busy = f"busy {facts.busy:.0%} over {facts.window_s:.0f} s" + (
+        " of training" if facts.while_training else ""
+    )
     if owned:
         return (
             f"free it: the process holds {fmt_gib(facts.held_bytes)} on {facts.label} ({busy}) "

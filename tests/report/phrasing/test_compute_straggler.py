@@ -33,3 +33,19 @@ def test_under_accumulation_the_batch_is_per_micro_batch() -> None:
     fix = phrase(f).fixes[2]
     assert "batch_size 8 -> 6 (per micro-batch; 4 accumulated per step)" in fix
     assert "32" not in fix
+
+
+def test_work_in_no_phase_is_named_as_the_loops_own_code() -> None:
+    from tests.analysis.test_compute_straggler import other_work_snapshot
+
+    (f,) = compute_straggler.RULE(other_work_snapshot(2))
+    words = phrase(f)
+    assert words.summary.startswith(
+        "rank 1 computes slower than peers (its own code outside forward/backward/optimizer 8 ms"
+    )
+    fix = words.fixes[1]
+    assert fix.startswith(
+        "the loop's own code outside forward/backward/optimizer takes 8 ms a step vs 0 ms"
+    )
+    assert "a metric, a debug check, a host-side transform" in fix
+    assert "batch_size" not in fix  # a smaller batch does not shrink it
