@@ -11,7 +11,7 @@ teardown on two cores; ``--ray shared`` joins one Ray head for every run instead
 Its fault starts ``--fault-after`` seconds into training; the faulty rank prints ``FAULT_ONSET
 <epoch>``. Detection is read from the live stream (``--events``): the time of the first verdict
 line in which the expected finding (kind, and exactly the expected ranks) appears, at warning or
-above (info for the memory case: a CPU job's memory is never near full). Latency = that time -
+above (info for memory imbalance: a CPU job's memory is never near full). Latency = that time -
 onset. Then the advice is applied and the job run again: loader levers with ``auditor run
 --apply before.json`` where this auditor has ``--apply``, everything else with the job's own
 knob, read from the finding's typed fixes (``--fix RANK.LEVER=VALUE``). Achieved speed-up = the
@@ -20,10 +20,13 @@ the final report's ``predicted_speedup`` of the finding. Controls run once: any 
 warning or above, live or final, is a false alarm.
 
     python bench/faults.py [--quick] [--cases a,b] [--seconds 22] [--fault-after 10]
-                           [--ray none|shared|embedded]
+                           [--ray none|shared|embedded] [--keep DIR]
 
-Writes bench/results/faults.json (``--quick``: faults_quick.json) and prints a table; the last
-line reads ``faults: found F/N, false alarms A/C, advice within 20%: W/V, median detection S s``.
+Writes bench/results/faults.json (``--quick``: faults_quick.json; ``--cases``:
+faults_cases.json) and prints a table; the last line reads ``faults: found F/N, false alarms
+A/C, advice within 20%: W/V, median detection S s``. A memory climb's rate and a slowdown's
+step are also set against the job's own measure of its fault (``FAULT_MEMORY``,
+``FAULT_STEP``): within 20% of the rate, within 5% of the steps (``measure_holds``).
 Goals: every case found with the right ranks, 0 false alarms, every predicted speed-up within
 20% of the achieved one, median detection within 3 s.
 """
@@ -52,6 +55,13 @@ GOAL_LATENCY_S = 3.0
 _ONSET = re.compile(r"FAULT_ONSET ([0-9.]+) rank=(\d+)")
 _RATE = re.compile(r"FAULT_RATE steps=(\d+) seconds=([0-9.]+) rate=([0-9.]+)")
 _FIX = re.compile(r"^FIX rank=(\d+) (\S+)=(\S+) (.+)$", re.M)
+_STEP = re.compile(r"FAULT_STEP step=(\d+) steps=(\d+) rank=(\d+)")
+_MEMORY = re.compile(r"FAULT_MEMORY bytes_per_step=(-?[0-9.]+) bytes_per_s=(-?[0-9.]+) steps=(\d+)")
+# How close a finding that measures the fault must come to the job's own measure: a memory
+# climb's rate within 20% of the rate the rank measured itself; a change placed within 5% of
+# the rank's steps of the step the rank turned slow at (the issue's tolerances).
+GOAL_RATE = 0.20
+GOAL_STEP = 0.05
 # The levers a job's knob stands in for when one fix of a rank is an alternative to another:
 # the rank's extra work removed makes its batch share moot.
 _ALTERNATIVES = {
@@ -72,6 +82,7 @@ class Case:
     min_severity: str = "warning"
     quick: bool = False
     injects: str = ""
+    seconds: float | None = None  # this case's training seconds, where not --seconds
 
     @property
     def control(self) -> bool:
@@ -108,16 +119,23 @@ CASES: tuple[Case, ...] = (
          (1,), injects="Lightning: rank 1 reads 5 ms per sample, no worker"),
     Case("trainer_starvation", "data: HF Trainer", "trainer", "starvation", "data_starvation",
          (1,), injects="HF Trainer: rank 1 reads 5 ms per sample, no worker"),
+    Case("memory_growth", "memory growth", "plain", "memory_growth", "memory_growth", (1,),
+         injects="rank 1 keeps every step's loss with its graph (retain_graph), ~5 MiB a step"),
+    Case("slowdown", "slowdown midway", "plain", "slowdown", "slowdown", (1,),
+         injects="rank 1, even until then, turns 30 ms slower in forward at the onset"),
     Case("control_plain", "control", "plain", "none", None, quick=True,
          injects="balanced plain loop"),
     Case("control_lightning", "control", "lightning", "none", None,
          injects="balanced Lightning job"),
     Case("control_even_eval", "control", "plain", "even_eval", None,
          injects="every rank evaluates its share every 20 steps"),
+    Case("control_long_startup", "control", "plain", "long_startup", None, seconds=10.0,
+         injects="balanced: 10 s of start-up (rank 0 prepares data, rank 1 waits), 10 s of steps"),
 )  # fmt: skip
 
 
 def job_command(case: Case, seconds: float, fault_after: float, fixes: list[str]) -> list[str]:
+    seconds = case.seconds or seconds
     if case.job == "lightning":  # Lightning starts its own ranks
         head = [sys.executable, os.path.join(JOBS, "lightning_job.py")]
     else:
@@ -139,6 +157,8 @@ class Run:
     report: dict[str, Any] | None
     log_tail: str = ""
     started: float = 0.0
+    fault_step: tuple[int, int] | None = None  # (the faulty rank's first faulty step, its steps)
+    memory_rate: tuple[float, float] | None = None  # the rank's own (bytes/step, bytes/s)
 
     def finding(self, kind: str, ranks: tuple[int, ...]) -> dict[str, Any] | None:
         for f in (self.report or {}).get("findings", []):
@@ -170,6 +190,8 @@ def run_once(
         text = f.read()
     onset = _ONSET.search(text)
     rate = _RATE.search(text)
+    step = _STEP.search(text)
+    memory = _MEMORY.search(text)
     try:
         with open(report) as f:
             rep: dict[str, Any] | None = json.load(f)
@@ -186,6 +208,8 @@ def run_once(
         report=rep,
         log_tail=text[-3000:],
         started=t0,
+        fault_step=(int(step.group(1)), int(step.group(2))) if step else None,
+        memory_rate=(float(memory.group(1)), float(memory.group(2))) if memory else None,
     )
 
 
@@ -228,7 +252,7 @@ def known_kinds() -> list[str]:
 def run_case(
     case: Case, args: argparse.Namespace, address: str | None, apply: bool, ray_args: list[str]
 ) -> dict[str, Any]:
-    tmp = tempfile.mkdtemp(prefix=f"bench-faults-{case.name}-")
+    tmp = tempfile.mkdtemp(prefix=f"bench-faults-{case.name}-", dir=args.keep)
     timeout_s = args.seconds + 150
     rec: dict[str, Any] = {"case": case.name, "class": case.cls, "injects": case.injects,
                            "job": case.job, "control": case.control}  # fmt: skip
@@ -261,12 +285,15 @@ def run_case(
         )
         final = before.finding(*expect)
         rec["in_final_verdict"] = final is not None
+        rec.update(measured_against_job(case, before, final))
         actions = list((final or {}).get("actions") or (hit.actions if hit else ()))
         predicted = (final or {}).get("predicted_speedup")
         if predicted is None and hit is not None:
             predicted = hit.predicted_speedup
         rec["predicted_speedup"] = predicted
         rec["actions"] = actions
+        if not isinstance(predicted, (int, float)):
+            rec["not_judged"] = "the finding predicts no speed-up"
         if not actions:
             rec["advice"] = "no typed fix to apply"
             return rec
@@ -292,7 +319,44 @@ def run_case(
                 rec["within_20pct"] = abs(ratio - 1.0) <= GOAL_RATIO
         return rec
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep:
+            rec["kept"] = tmp
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measured_against_job(case: Case, run: Run, final: dict[str, Any] | None) -> dict[str, Any]:
+    """The final finding's figures against the job's own measure of its fault, where the case
+    has one: a memory climb's rate per step (``evidence.per_rank[rank].bytes_per_step``) within
+    20% of the slope of the rank's own resident set, with a time to full (``full_in_s``); a
+    change's step (``evidence.step``) within 5% of the rank's steps of the first step it ran
+    slow. Recorded beside the detection (``measure_holds``); not one of the four goals."""
+    evidence = (final or {}).get("evidence") or {}
+    out: dict[str, Any] = {}
+    if case.kind == "memory_growth" and run.memory_rate is not None:
+        own = run.memory_rate[0]
+        row = (evidence.get("per_rank") or {}).get(str(case.ranks[0])) or {}
+        got, full = row.get("bytes_per_step"), row.get("full_in_s")
+        out["job_bytes_per_step"] = round(own)
+        out["finding_bytes_per_step"] = got
+        out["finding_seconds_to_full"] = full
+        out["measure_holds"] = False
+        if isinstance(got, (int, float)) and own > 0:
+            err = got / own - 1.0
+            out["rate_error"] = round(err, 3)
+            out["measure_holds"] = abs(err) <= GOAL_RATE and isinstance(full, (int, float))
+    if case.kind == "slowdown" and run.fault_step is not None:
+        at, steps = run.fault_step
+        got = evidence.get("step")
+        out["job_fault_step"] = at
+        out["job_steps"] = steps
+        out["finding_step"] = got
+        out["measure_holds"] = False
+        if isinstance(got, int) and steps > 0:
+            err = (got - at) / steps
+            out["step_error"] = round(err, 4)
+            out["measure_holds"] = abs(err) <= GOAL_STEP
+    return out
 
 
 def _run_record(r: Run) -> dict[str, Any]:
@@ -302,6 +366,8 @@ def _run_record(r: Run) -> dict[str, Any]:
         "wall_s": r.wall_s,
         "rate_steps_per_s": r.rate,
         "fixes_said": r.fixes_said,
+        "fault_step": r.fault_step,
+        "memory_rate": r.memory_rate,
         "first_verdict_after_onset_s": (
             round(r.stream.first_verdict - r.onset, 2)
             if r.stream.first_verdict is not None and r.onset is not None
@@ -387,6 +453,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     found = [r for r in faults if r.get("found")]
     lat = [r["latency_s"] for r in found if r.get("latency_s") is not None]
     judged = [r for r in faults if "within_20pct" in r]
+    measured = [r for r in faults if "measure_holds" in r]
     return {
         "found": len(found),
         "faults": len(faults),
@@ -395,6 +462,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "advice_within_20pct": sum(1 for r in judged if r["within_20pct"]),
         "advice_judged": len(judged),
         "median_detection_s": round(statistics.median(lat), 2) if lat else None,
+        # Findings whose figures are checked against the job's own measure (a climb's rate, a
+        # change's step): how many of them came close enough.
+        "measures_hold": sum(1 for r in measured if r["measure_holds"]),
+        "measured": len(measured),
+        "not_judged": {r["case"]: r["not_judged"] for r in faults if r.get("not_judged")},
         "detection_s": c.summary(lat),
         "by_class": {r["class"]: ("found" if r.get("found") else "missed") for r in faults},
         "goals": {
@@ -431,7 +503,37 @@ def table(records: list[dict[str, Any]]) -> str:
             rows.append(f"{'':22}   false alarms: {', '.join(r['false_alarms'][:4])}")
         elif not r["control"] and not r.get("found") and r.get("other_live_findings"):
             rows.append(f"{'':22}   seen instead: {', '.join(r['other_live_findings'][:4])}")
+        notes = [n for n in (_measure_note(r), _judged_note(r)) if n]
+        if notes:
+            rows.append(f"{'':22}   {'; '.join(notes)}")
     return "\n".join(rows)
+
+
+def _measure_note(r: dict[str, Any]) -> str:
+    """The finding's figure against the job's own measure, in a few words."""
+    if "job_bytes_per_step" in r:
+        got, full = r.get("finding_bytes_per_step"), r.get("finding_seconds_to_full")
+        err = r.get("rate_error")
+        return (
+            f"rate {'-' if got is None else f'{got / 2**20:.2f}'} MiB/step against the job's "
+            f"{r['job_bytes_per_step'] / 2**20:.2f}"
+            + ("" if err is None else f" ({err * 100:+.0f}%)")
+            + f", full in {'-' if full is None else f'{full:.0f} s'}"
+        )
+    if "job_fault_step" in r:
+        got, err = r.get("finding_step"), r.get("step_error")
+        return f"step {'-' if got is None else got} against the job's {r['job_fault_step']}" + (
+            "" if err is None else f" ({err * 100:+.1f}% of its steps)"
+        )
+    return ""
+
+
+def _judged_note(r: dict[str, Any]) -> str:
+    if not r.get("not_judged") or r["control"]:
+        return ""
+    still = r.get("after_still_found")
+    after = "" if still is None else "; after the fix: " + ("still found" if still else "gone")
+    return f"advice not judged: {r['not_judged']}{after}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
     ap.add_argument("--seconds", type=float, default=22.0, help="training seconds per run")
     ap.add_argument("--fault-after", type=float, default=10.0, help="seconds before the fault")
+    ap.add_argument("--keep", metavar="DIR", help="keep each case's logs, event streams and "
+                    "reports in a folder under DIR (default: deleted)")  # fmt: skip
     ap.add_argument("--ray", choices=("none", "shared", "embedded"), default="none",
                     help="the node agent: in each run's own process (--no-ray, the default: "
                     "no Ray start-up or teardown in a run's time on 2 cores), on one Ray head "
@@ -454,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
         cases = [k for k in CASES if k.name in names]
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     c.become_subreaper()
     kinds = known_kinds()
     apply = has_apply()
@@ -469,10 +575,13 @@ def main(argv: list[str] | None = None) -> int:
             records.append(rec)
             state = ("clean" if rec.get("ok") else "ALARM") if case.control else (
                 f"found in {rec['latency_s']} s" if rec.get("found") else "MISSED")  # fmt: skip
-            print(f"[{i + 1}/{len(cases)}] {case.name}: {state}"
-                  + (f", predicted {rec.get('predicted_speedup')}x, achieved "
-                     f"{rec.get('achieved_speedup')}x" if not case.control else ""),
-                  flush=True)  # fmt: skip
+            speeds = (
+                ""
+                if case.control
+                else f", predicted {_times(rec.get('predicted_speedup'))}, "
+                f"achieved {_times(rec.get('achieved_speedup'))}"
+            )
+            print(f"[{i + 1}/{len(cases)}] {case.name}: {state}{speeds}", flush=True)
     finally:
         if ray_handle is not None:
             ray, temp = ray_handle
@@ -501,13 +610,18 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_after": c.loadavg(),
         "cases": records,
     }
-    name = "faults_quick" if args.quick or args.cases else "faults"
+    # A subset of cases never replaces the whole run's or the quick run's results.
+    name = "faults_cases" if args.cases else "faults_quick" if args.quick else "faults"
     path = c.write_result(name, payload)
     print()
     print(table(records))
     print(f"\n  results: {c.shown(path)} ({payload['total_s']:.0f} s)")
     print(last_line(s))
     return 0
+
+
+def _times(v: object) -> str:
+    return f"{v}x" if isinstance(v, (int, float)) else "-"
 
 
 def last_line(s: dict[str, Any]) -> str:

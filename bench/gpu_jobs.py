@@ -3,6 +3,8 @@
     python bench/gpu_jobs.py phases  --arm probe|plain|sync --steps N --out FILE
     python bench/gpu_jobs.py memory  --batch B --steps N --out FILE
     torchrun --nproc_per_node=2 bench/gpu_jobs.py verdict --fault starve|forward|none --seconds S
+    torchrun --nproc_per_node=2 bench/gpu_jobs.py verdict --fault startup|leak|slowdown \
+        --seconds S --out 'FILE_{rank}.json'
     python bench/gpu_jobs.py train   --seconds S          (the job the NVML recording watches)
 
 Every job runs on ``cuda:0`` where CUDA is there and on the CPU otherwise (``gpu_validate.py
@@ -24,7 +26,16 @@ gradients and optimizer state and the allocator's peak over a measured step.
 ``verdict``: two ranks on the one GPU (gloo over CUDA tensors: NCCL refuses two ranks on one
 device), DDP over a small MLP. ``--fault starve``: rank 1 reads from slow storage with
 ``num_workers=0`` and pageable memory; ``forward``: rank 1 runs extra device work in its forward;
-``none``: the same job balanced.
+``none``: the same job balanced. Over time (``gpu_validate.py``'s ``over_time`` group):
+``startup``: balanced, after a start-up as long as its training (every rank holds
+``STARTUP_HOLD_BYTES`` on the device from the start and waits until ``--seconds`` have passed
+since its process began, as a job loading a checkpoint and a data set does); ``leak``: rank 1
+keeps every step's loss with its graph (``backward(retain_graph=True)``, the loss appended to a
+list), so its allocated memory climbs by the saved activations of a step, every step; the rank
+measures that itself (``torch.cuda.memory_allocated()`` after every step; its resident set on
+the CPU) and writes the least-squares slope per step and per second; ``slowdown``: rank 1 adds
+the forward straggler's device work from the middle of its training on and writes the first
+step that carried it. ``--out`` takes ``{rank}``: each rank writes its own file.
 """
 
 from __future__ import annotations
@@ -59,6 +70,16 @@ STRAGGLER_MM = (4096, 12)
 STRAGGLER_CPU_S = 0.03
 # Slow storage of the starved rank: seconds per sample read.
 STARVE_READ_S = 0.002
+# What each rank of the start-up job holds on the device before its first step (a checkpoint,
+# a data set loaded to the GPU); on the CPU, in host memory.
+STARTUP_HOLD_BYTES = 2**30 if CUDA else 64 * 2**20
+# The leak job's batch: the graph a step keeps is its saved activations (5 tensors of batch x
+# width, 2.5 MiB at 256), so that the climb over a few seconds clears memory_growth's floor of
+# 0.5% of the capacity (700 MiB of an H200) several times over, on a GPU and on a large host.
+LEAK_BATCH = 256
+# The slowdown job: rank 1 turns slow this far into its training (a share of --seconds).
+SLOWDOWN_AT = 0.5
+FAULTS = ("starve", "forward", "none", "startup", "leak", "slowdown")
 
 
 def mlp(width: int, layers: int) -> nn.Sequential:
@@ -250,25 +271,65 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
 
 class Straggler(nn.Module):
     """With ``slow``, the forward also runs device work whose result it drops (a costly metric,
-    an extra head nobody trains): time on the device, not on the host. Every rank wraps its
-    model alike (DDP wants the same modules everywhere); the work tensor is no buffer, so DDP
-    neither checks nor broadcasts it."""
+    an extra head nobody trains): time on the device, not on the host; from wall-clock time
+    ``slow_from`` on where given (a rank that turns slow). Every rank wraps its model alike
+    (DDP wants the same modules everywhere); the work tensor is no buffer, so DDP neither
+    checks nor broadcasts it."""
 
-    def __init__(self, inner: nn.Module, slow: bool) -> None:
+    def __init__(self, inner: nn.Module, slow: bool, slow_from: float = 0.0) -> None:
         super().__init__()
         self.inner = inner
         size = STRAGGLER_MM[0]
         self.work = torch.randn(size, size, device=DEVICE) / size**0.5 if slow and CUDA else None
         self.slow = slow
+        self.slow_from = slow_from
+
+    @property
+    def on(self) -> bool:
+        return self.slow and time.time() >= self.slow_from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.on:
+            return self.inner(x)
         if self.work is not None:
             w = self.work
             for _ in range(STRAGGLER_MM[1]):
                 w = torch.mm(w, self.work)
-        elif self.slow:
+        else:
             time.sleep(STRAGGLER_CPU_S)
         return self.inner(x)
+
+
+def _slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of ``ys`` against ``xs``."""
+    n = len(xs)
+    if n < 3:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else None
+
+
+def _memory_now() -> int:
+    """The memory a leak grows: the caching allocator's allocated bytes on a GPU (a host-side
+    counter: no synchronisation), the resident set on the CPU."""
+    if CUDA:
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def long_startup(seconds: float) -> tuple[torch.Tensor, float]:
+    """Take ``STARTUP_HOLD_BYTES`` on the device and wait until ``seconds`` have passed since
+    this process began (a start-up as long as the training that follows): the memory (held for
+    the run by the caller) and the start-up's length."""
+    import psutil
+
+    began = psutil.Process().create_time()
+    hold = torch.empty(STARTUP_HOLD_BYTES // 4, device=DEVICE)
+    hold.fill_(1.0)
+    time.sleep(max(0.0, began + seconds - time.time()))
+    return hold, time.time() - began
 
 
 def verdict(args: argparse.Namespace) -> dict[str, Any]:
@@ -279,8 +340,14 @@ def verdict(args: argparse.Namespace) -> dict[str, Any]:
     else:
         torch.set_num_threads(1)
     width, layers, batch = VERDICT_SHAPE
+    if args.fault == "leak":
+        batch = LEAK_BATCH
+    held, startup_s = long_startup(args.seconds) if args.fault == "startup" else (None, None)
     torch.manual_seed(0)
-    net = Straggler(mlp(width, layers), slow=args.fault == "forward" and rank == 1).to(DEVICE)
+    slow = args.fault in ("forward", "slowdown") and rank == 1
+    # The slowdown job's rank 1 turns slow SLOWDOWN_AT into its training (set as it starts).
+    later = float("inf") if args.fault == "slowdown" else 0.0
+    net = Straggler(mlp(width, layers), slow=slow, slow_from=later).to(DEVICE)
     model = nn.parallel.DistributedDataParallel(net, device_ids=[0] if CUDA else None)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     starve = args.fault == "starve"
@@ -295,16 +362,32 @@ def verdict(args: argparse.Namespace) -> dict[str, Any]:
         persistent_workers=not starve,
         drop_last=True,
     )
+    leak = args.fault == "leak" and rank == 1
+    kept: list[torch.Tensor] = []  # the leak: every step's loss, with its graph
+    trace: tuple[list[float], list[float], list[float]] = ([], [], [])  # step, time, bytes
+    slow_step: int | None = None
     start, step, epoch = time.time(), 0, 0
+    if args.fault == "slowdown":
+        net.slow_from = start + SLOWDOWN_AT * args.seconds
     stop = torch.zeros(1)
     while True:
         sampler.set_epoch(epoch)
         for x in loader:
+            if slow_step is None and args.fault == "slowdown" and net.on:
+                slow_step = step  # the first step (from 0) that carries the extra work
             x = x.to(DEVICE, non_blocking=True)
             loss = model(x).square().mean()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            if leak:
+                loss.backward(retain_graph=True)
+                kept.append(loss)
+            else:
+                loss.backward()
             opt.step()
+            if leak:
+                trace[0].append(step)
+                trace[1].append(time.time())
+                trace[2].append(_memory_now())
             step += 1
             if step % 10 == 0:  # rank 0 decides when to stop: ranks never disagree at a collective
                 stop.fill_(1.0 if time.time() - start >= args.seconds else 0.0)
@@ -312,7 +395,24 @@ def verdict(args: argparse.Namespace) -> dict[str, Any]:
                 if stop.item():
                     dist.barrier()  # both ranks leave together: no peer torn down mid-call
                     dist.destroy_process_group()
-                    return {"rank": rank, "steps": step}
+                    del held, kept
+                    out: dict[str, Any] = {"rank": rank, "steps": step, "startup_s": startup_s}
+                    if args.fault == "startup":
+                        out["held_bytes"] = STARTUP_HOLD_BYTES
+                    if leak:
+                        out.update(
+                            measure="memory_allocated" if CUDA else "rss",
+                            bytes_per_step=_slope(trace[0], trace[2]),
+                            bytes_per_s=_slope(trace[1], trace[2]),
+                            first_bytes=trace[2][0],
+                            last_bytes=trace[2][-1],
+                            device_total_bytes=(
+                                torch.cuda.get_device_properties(0).total_memory if CUDA else None
+                            ),
+                        )
+                    if args.fault == "slowdown" and slow:
+                        out["slow_from_step"] = slow_step
+                    return out
         epoch += 1
 
 
@@ -344,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     me.add_argument("--batch", type=int, required=True)
     me.add_argument("--steps", type=int, default=4)
     ve = sub.add_parser("verdict")
-    ve.add_argument("--fault", choices=("starve", "forward", "none"), required=True)
+    ve.add_argument("--fault", choices=FAULTS, required=True)
     ve.add_argument("--seconds", type=float, default=20.0)
     tr = sub.add_parser("train")
     tr.add_argument("--seconds", type=float, default=20.0)
@@ -361,8 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     else:
         result = job(args)
-    if args.out:
-        with open(args.out, "w") as f:
+    if args.out:  # "{rank}" in the path: each rank of a distributed job writes its own file
+        with open(args.out.replace("{rank}", str(result.get("rank", 0))), "w") as f:
             json.dump(result, f)
     return 0
 

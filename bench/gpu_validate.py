@@ -2,7 +2,7 @@
 
     python bench/gpu_validate.py [--dry-run] [--only NAME[,NAME...]] [--record-dir DIR]
 
-Five groups of checks, one line each (``holds`` / ``falls short``, with the figure):
+Six groups of checks, one line each (``holds`` / ``falls short``, with the figure):
 
 1. ``nvml``: every field of every GPU present, or missing with NVML's reason; values sane; the
    cost of one ``sample()``; a 20 s recording of a real CUDA training job (``gpu_jobs.py
@@ -22,6 +22,13 @@ Five groups of checks, one line each (``holds`` / ``falls short``, with the figu
    15%; the headroom finding's largest batch run for real: it fits.
 5. ``sampling``: the GPU monitor's sampling loop at 1 s in this process, CPU per GPU (the
    sampling thread's own CPU time) beside the recorded source.
+6. ``over_time``: the verdict job judged over its run, two ranks on the one GPU: balanced after
+   a start-up as long as its training, each rank holding 1 GiB on the device meanwhile (no
+   idle_device, no warning); rank 1 keeping every step's loss with its graph (memory_growth on
+   rank 1, its rate per step within 20% of the slope the rank measures itself with
+   ``torch.cuda.memory_allocated()``, a time to full given, no larger batch advised to it);
+   rank 1 turning slow in its forward halfway (slowdown on rank 1, at the step it turned slow
+   within 5% of its steps).
 
 Writes ``bench/results/gpu_validate.json`` (``BENCH_RESULTS_DIR`` to write elsewhere): the
 device's name and driver, and ``checks``: ``[{"name", "holds", "figure"}]``. Exit status: 0 when
@@ -74,6 +81,9 @@ PAIRS = 3  # bare/probed pairs of the phase job for that cost
 ADD_UP_MAX = 1.02  # the phases of a step add up to at most the step (2% for clock rounding)
 ACTIVATION_REL = 0.15  # activations x batch within 15% of the allocator's peak less the fixed part
 GPU_KINDS = ("utilization_imbalance", "hardware_straggler", "idle_device", "memory_imbalance")
+RATE_REL = 0.20  # a memory climb's rate within 20% of the rank's own measure
+STEP_REL = 0.05  # a change placed within 5% of the rank's steps of the step it turned slow
+STARTUP_SHARE = 0.4  # the start-up job's start-up, at least this share of its run (about half)
 
 # DeviceSample fields that come from NVML reads (identity and time excluded), and the NVML
 # function behind each (what a "missing" report names).
@@ -706,6 +716,127 @@ def check_sampling(plan: Plan, seconds: float = 10.0) -> list[Check]:
     ]
 
 
+# -- 6. over time: start-up, a leak, a slowdown ----------------------------------------------------
+
+
+def _rank_out(plan: Plan, name: str, rank: int) -> dict[str, Any]:
+    path = plan.workdir / f"{name}_{rank}.json"
+    return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
+def _finding(report: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((f for f in report["findings"] if f["kind"] == kind), None)
+
+
+def check_over_time(plan: Plan) -> list[Check]:
+    """Three runs of the verdict job judged over their whole run (``over_time``)."""
+    job = [c.tool("torchrun"), "--standalone", "--nproc_per_node=2", JOBS, "verdict"]
+    # The shortest runs that still leave no doubt: the start-up job trains as long as its
+    # start-up lasts; the leak needs its warm-up skipped and a span of steps to fit; the
+    # slowdown needs a few seconds either side of its change.
+    lengths = {  # seconds of training (GPU: 10, 8, 12; dry run: 6, 8, 8)
+        "startup": max(6.0, 0.5 * plan.seconds),
+        "leak": max(8.0, 0.4 * plan.seconds),
+        "slowdown": max(8.0, 0.6 * plan.seconds),
+    }
+    runs = {}
+    for fault, seconds in lengths.items():
+        out = str(plan.workdir / f"over_time_{fault}_{{rank}}.json")
+        cmd = [*job, "--fault", fault, "--seconds", f"{seconds:g}", "--out", out]
+        runs[fault], _ = audited(plan, f"over_time_{fault}", cmd)
+    return [
+        _startup_check(plan, runs["startup"]),
+        _leak_check(plan, runs["leak"]),
+        _slowdown_check(plan, runs["slowdown"]),
+    ]
+
+
+def _startup_check(plan: Plan, report: dict[str, Any]) -> Check:
+    blamed = _blamed(report)
+    idle = _finding(report, "idle_device")
+    shares = [
+        r["time"]["startup_s"] / r["time"]["wall_s"]
+        for r in report["ranks"]
+        if r.get("time") and r["time"].get("wall_s")
+    ]
+    share = min(shares) if shares else None
+    return Check(
+        "over_time.long_startup",
+        not blamed and idle is None and share is not None and share >= STARTUP_SHARE,
+        f"start-up {'n/a' if share is None else f'{share:.0%}'} of the run (each rank held "
+        f"{_mib(_rank_out(plan, 'over_time_startup', 0).get('held_bytes'))} meanwhile); "
+        f"idle_device: {'none' if idle is None else idle['severity']}; "
+        f"warnings: {blamed or 'none'}",
+        {"findings": report["findings"], "startup_shares": shares},
+    )
+
+
+def _leak_check(plan: Plan, report: dict[str, Any]) -> Check:
+    own = _rank_out(plan, "over_time_leak", 1)
+    growth = _finding(report, "memory_growth")
+    row = ((growth or {}).get("evidence") or {}).get("per_rank", {}).get("1") or {}
+    got, want, full = row.get("bytes_per_step"), own.get("bytes_per_step"), row.get("full_in_s")
+    err = got / want - 1 if isinstance(got, (int, float)) and want else None
+    larger = [
+        a
+        for f in report["findings"]
+        for a in f.get("actions") or ()
+        if a.get("rank") == 1 and a.get("lever") == "batch_size"
+        and isinstance(a.get("proposed"), int) and a["proposed"] > (a.get("current") or 0)
+    ]  # fmt: skip
+    ranks = (growth or {}).get("ranks")
+    figure = (
+        f"memory_growth on {ranks} ({growth['severity']}): {_mib(got)}/step against the rank's "
+        f"own {_mib(want)}/step ({own.get('measure', '?')})"
+        + ("" if err is None else f" ({err * 100:+.1f}%)")
+        + f", {_mib(row.get('bytes_per_minute'))}/min, full in "
+        + ("n/a" if full is None else f"{full:.0f} s")
+        + f"; larger batch advised to rank 1: {'yes' if larger else 'no'}"
+        if growth
+        else f"no memory_growth (the rank's own measure: {_mib(want)}/step); "
+        f"findings {sorted(_blamed(report, severities=('info', 'warning', 'critical')))}"
+    )
+    return Check(
+        "over_time.memory_growth",
+        ranks == [1]
+        and err is not None
+        and abs(err) <= RATE_REL
+        and isinstance(full, (int, float))
+        and not larger,
+        figure,
+        {"finding": growth, "job": own},
+    )
+
+
+def _slowdown_check(plan: Plan, report: dict[str, Any]) -> Check:
+    own = _rank_out(plan, "over_time_slowdown", 1)
+    slow = _finding(report, "slowdown")
+    ev = (slow or {}).get("evidence") or {}
+    at, want, steps = ev.get("step"), own.get("slow_from_step"), own.get("steps")
+    err = (
+        (at - want) / steps
+        if isinstance(at, int) and isinstance(want, int) and isinstance(steps, int) and steps
+        else None
+    )
+    change = (ev.get("per_rank") or {}).get("1") or {}
+    ranks = (slow or {}).get("ranks")
+    figure = (
+        f"slowdown on {ranks} ({slow['severity']}) at step {at} (the rank's own: {want} of "
+        f"{steps}" + ("" if err is None else f", {err * 100:+.1f}% of its steps") + "); "
+        f"{change.get('phase', '?')} {change.get('before_ms')} -> {change.get('after_ms')} ms, "
+        f"the job {ev.get('slowdown')}x slower"
+        if slow
+        else f"no slowdown (rank 1 turned slow at step {want} of {steps}); findings "
+        f"{sorted(_blamed(report, severities=('info', 'warning', 'critical')))}"
+    )
+    return Check(
+        "over_time.slowdown",
+        ranks == [1] and err is not None and abs(err) <= STEP_REL,
+        figure,
+        {"finding": slow, "job": own},
+    )
+
+
 # -- the plan -------------------------------------------------------------------------------------
 
 CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
@@ -714,6 +845,7 @@ CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
     "verdict": check_verdicts,
     "memory": check_memory,
     "sampling": check_sampling,
+    "over_time": check_over_time,
 }
 
 

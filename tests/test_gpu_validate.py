@@ -2,7 +2,8 @@
 recorded NVML source, so that the script a GPU machine runs is known to work before one is lent.
 
 On the CPU the device-clock checks report figures only (there is no device timeline to check);
-the verdicts, the memory budget and the recordings are checked as on a GPU.
+the verdicts, the memory budget, the recordings and the run judged over time (a long start-up,
+a leak, a slowdown) are checked as on a GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ PLAN = {
     "verdict": ("starved", "forward_straggler", "balanced", "shared_gpu"),
     "memory": ("fixed_part", "activations", "headroom_fits"),
     "sampling": ("cost",),
+    "over_time": ("long_startup", "memory_growth", "slowdown"),
 }
 
 
@@ -43,7 +45,11 @@ def test_dry_run_runs_every_check_of_the_plan(tmp_path: Path) -> None:
         assert isinstance(c["holds"], bool) and c["figure"]
         assert ("holds" if c["holds"] else "falls short") in proc.stdout
     # What a CPU can prove as a GPU would: the verdicts with exact ranks, the exact budget.
-    for name in ("verdict.starved", "verdict.forward_straggler", "verdict.balanced"):
+    # And the run judged over time: a long start-up is no idleness and no warning; a leak is
+    # memory_growth on its rank at the rate the rank measured itself; a rank that turned slow
+    # halfway is named with its step.
+    over_time = ("over_time.long_startup", "over_time.memory_growth", "over_time.slowdown")
+    for name in ("verdict.starved", "verdict.forward_straggler", "verdict.balanced", *over_time):
         assert checks[name]["holds"], checks[name]["figure"]
     assert checks["memory.fixed_part"]["holds"], checks["memory.fixed_part"]["figure"]
     assert doc["dry_run"] is True and doc["device"]["cuda"] is False

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from .findings import SEVERITY_RANK, Finding, severity_for
 from .fixes import Fix
 from .history import RankHistory
-from .rules.utilization_imbalance import account_finding
+from .rules.utilization_imbalance import CAUSES, account_finding
 from .snapshot import Snapshot
 
 # Findings whose blame of a rank rests on the rank's own compute (its GPU works).
@@ -57,7 +57,7 @@ CULPRIT_SHARE = 0.5
 # rank's start: a rendezvous, not a straggler).
 WARMUP_STEPS = 5
 # Steps after warm-up a rank needs before its waits are judged.
-MIN_STEPS = 20
+MIN_STEPS = 50
 
 GPU_WORKS = "gpu_works"
 FIX_UNDONE = "fix_undone"
@@ -254,7 +254,8 @@ def _account_waits(
     before = max(local.values()) + floor
     after = max({**local, **dict.fromkeys(culprits, peer_local)}.values()) + floor
     speedup = max(1.0, before / after) if after > 0 else 1.0
-    cause = next((f for f in findings if set(f.ranks) & set(culprits)), None)
+    # The cause is a finding of a kind that explains a spread (never e.g. memory headroom).
+    cause = next((f for f in findings if f.kind in CAUSES and set(f.ranks) & set(culprits)), None)
     severity = severity_for(speedup)
     if severity == "info":
         return findings, []

@@ -51,6 +51,31 @@ def other_work(snapshot: Snapshot, ranks: Iterable[int]) -> dict[int, float]:
     return snapshot.kept(("other_work", wanted), lambda: _other_work(snapshot, wanted))
 
 
+def mean_own_work(snapshot: Snapshot, ranks: Iterable[int]) -> dict[int, float]:
+    """Each of ``ranks``' own work per step as a plain mean over the window's steps (step less
+    data wait less collective wait, weighted by ``count``): the figure the whole window adds
+    up to. On a busy host ranks take turns being late, and the medians of step and wait can
+    then make one look slower by a margin its total time does not show; a straggler is past
+    its peers in the sum as well. Kept per snapshot and ranks (shared, do not change it)."""
+    wanted = tuple(sorted(ranks))
+    return snapshot.kept(("mean_own_work", wanted), lambda: _mean_own_work(snapshot, wanted))
+
+
+def _mean_own_work(snapshot: Snapshot, ranks: Sequence[int]) -> dict[int, float]:
+    views = snapshot.view_of
+    out: dict[int, float] = {}
+    for r in ranks:
+        view = views.get(r)
+        steps = view.steps if view is not None else ()
+        n = sum(s.count for s in steps)
+        if n:
+            total = sum(
+                (s.step_s - s.data_wait_s - (s.collective_wait_s or 0.0)) * s.count for s in steps
+            )
+            out[r] = total / n
+    return out
+
+
 def _other_work(snapshot: Snapshot, ranks: Sequence[int]) -> dict[int, float]:
     views = snapshot.view_of
     out: dict[int, float] = {}

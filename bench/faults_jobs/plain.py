@@ -23,13 +23,23 @@ Cases (rank ``--fault-rank``, 1 unless said, from the onset on):
   a few bytes), in one collective they all wait in.
 * ``accum_starvation``: ``io_starvation`` under gradient accumulation (4 micro-batches of 8 per
   optimizer step, ``no_sync`` on all but the last).
+* ``memory_growth``: keeps every step's loss with its graph (``backward(retain_graph=True)``,
+  the loss appended to a list): about 6 MiB of saved activations a step stay held, and the
+  rank's memory climbs for as long as it trains. It traces its own resident set
+  (``FAULT_MEMORY``, :class:`knobs.MemoryTrace`).
+* ``slowdown``: turns slow at the onset: 30 ms more in every forward from there on (a rank
+  that ran even with its peers until then); it says at which of its steps (``FAULT_STEP``).
+* ``long_startup``: balanced, after a long start-up (``--startup`` seconds before the first
+  step, 10 by default): rank 0 prepares the data (reads, and builds 128 MiB in memory) while
+  the others wait at a barrier, then every rank loads its copy (a control).
 
 Knobs (``--fix``, from the report's typed fixes): ``num_workers``, ``batch_size``,
 ``pin_memory``/``persistent_workers`` (accepted: no effect on CPU), ``rank_work`` (the rank's
 extra work removed), ``evaluation_on_all_ranks`` (every rank evaluates its share),
 ``checkpoint_async`` (saved off the training thread), ``checkpoint_interval``,
 ``logging_off_step`` (the metrics gather dropped), ``loading_cost`` (cheap loading),
-``memory_release`` (the extra module dropped).
+``memory_release`` (the extra module dropped), ``retained_tensors`` (no loss kept: the graph
+freed by backward, as usual).
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "example
 sys.path.insert(0, HERE)
 
 from common import SmallConvNet, SyntheticImages, finish, make_loader, setup  # noqa: E402
-from knobs import Fixes, Onset, Stopper, parser  # noqa: E402
+from knobs import Fixes, MemoryTrace, Onset, Stopper, parser  # noqa: E402
 
 CASES = (
     "none",
@@ -68,6 +78,9 @@ CASES = (
     "memory_imbalance",
     "slow_collective",
     "accum_starvation",
+    "memory_growth",
+    "slowdown",
+    "long_startup",
 )
 KNOWN = (
     "evaluation_on_all_ranks",
@@ -81,9 +94,12 @@ KNOWN = (
     "rank_work",
     "loading_cost",
     "memory_release",
+    "retained_tensors",
 )
 DELAY_S = 0.03  # a straggler's extra forward or backward time
 EVERY = 20  # steps between periodic work
+STARTUP_S = 10.0  # long_startup: seconds from the process group to the first step
+PREPARED_BYTES = 128 * 2**20  # long_startup: the data rank 0 prepares and every rank loads
 
 
 class Images(SyntheticImages):
@@ -139,22 +155,45 @@ class Net(SmallConvNet):
         return self.head(h)
 
 
+def long_startup(rank: int, seconds: float) -> torch.Tensor:
+    """Start-up as a real job has it: rank 0 reads and prepares the data set (here, slow reads
+    and 128 MiB built in chunks) while the other ranks wait at a barrier, then every rank loads
+    its copy. Returns the loaded data (held for the run, as a data set in memory is)."""
+    t0 = time.time()
+    chunks = 16
+    prepared: list[torch.Tensor] = []
+    if rank == 0:
+        for _ in range(chunks):
+            prepared.append(torch.randn(PREPARED_BYTES // 4 // chunks))
+            time.sleep(max(0.0, (0.8 * seconds) / chunks))  # slow storage
+    dist.barrier()
+    loaded = torch.empty(PREPARED_BYTES // 4)
+    loaded.normal_()
+    time.sleep(max(0.0, seconds - (time.time() - t0)))
+    dist.barrier()
+    return loaded
+
+
 def main() -> None:
     p = parser()
     p.add_argument("--case", choices=CASES, default="none")
+    p.add_argument("--startup", type=float, default=STARTUP_S, help="long_startup's seconds")
     args = p.parse_args()
     rank, world, device = setup()
+    held = long_startup(rank, args.startup) if args.case == "long_startup" else None
     fixes = Fixes.parse(args.fix)
     fixes.say(rank, KNOWN)
     case, f = args.case, args.fault_rank
     periodic_on_rank0 = case in ("eval_rank0", "checkpoint_rank0")
     fault_rank = 0 if periodic_on_rank0 else f
-    faulty = rank == fault_rank and case not in ("none", "even_eval")
+    controls = ("none", "even_eval", "long_startup")
+    faulty = rank == fault_rank and case not in controls
     # A stall's lever (the rank's work between steps) removes it: evaluation sharded over every
     # rank, a checkpoint saved off the step, logging off the step.
     levers = (
         "rank_work",
         "memory_release",
+        "retained_tensors",
         "evaluation_on_all_ranks",
         "logging_off_step",
         "checkpoint_async",
@@ -165,8 +204,10 @@ def main() -> None:
     # An extra module is held from the start, as an EMA copy is (the probe scans for modules
     # outside the model once at its first budget): its onset is the start.
     after = 0.0 if case == "memory_imbalance" else args.fault_after
-    onset = Onset(rank, fault_rank, after, faulty=case not in ("none", "even_eval"))
+    onset = Onset(rank, fault_rank, after, faulty=case not in controls)
     gate = Gate(onset, faulty and not removed)
+    trace = MemoryTrace(rank, onset.at) if faulty and case == "memory_growth" else None
+    kept: list[torch.Tensor] = []  # memory_growth: every step's loss, with its graph
 
     # --- data ---------------------------------------------------------------------------------
     workers = args.workers
@@ -195,7 +236,7 @@ def main() -> None:
 
     # --- model --------------------------------------------------------------------------------
     net = Net(
-        gate if case == "forward_straggler" else None,
+        gate if case in ("forward_straggler", "slowdown") else None,
         gate if case == "backward_straggler" else None,
     )
     model = DDP(net.to(device))
@@ -228,6 +269,7 @@ def main() -> None:
     iterator = iter(loader)
     current = loader
     while True:
+        onset.step_begins()
         if uneven_loader is not None and onset.on and current is not uneven_loader:
             current, iterator = uneven_loader, iter(uneven_loader)
         opt.zero_grad(set_to_none=True)
@@ -242,7 +284,11 @@ def main() -> None:
             sync = model.no_sync() if m < micro - 1 else contextlib.nullcontext()
             with sync:
                 loss = loss_fn(model(x.to(device)), y.to(device)) / micro
-                loss.backward()
+                if case == "memory_growth" and gate:
+                    loss.backward(retain_graph=True)
+                    kept.append(loss)  # the leak: the loss kept with its graph
+                else:
+                    loss.backward()
         opt.step()
         step += 1
         if case == "slow_collective" and onset.on:
@@ -267,11 +313,16 @@ def main() -> None:
             else:
                 save()
         onset.step_done()
+        if trace is not None:
+            trace.step_done(step)
         if stopper.done(step):
             break
     if saver is not None:
         saver.join()
     onset.report()
+    if trace is not None:
+        trace.report()
+    del held, kept
     finish(rank, step)
 
 

@@ -145,7 +145,10 @@ def test_a_replaced_info_finding_says_why() -> None:
     snap = JobBuilder(backward_straggler()).run(60).snapshot()
     weak = Finding("utilization_imbalance", "info", (1,), predicted_speedup=1.05)
     out = review([weak], snap)
-    assert [f.severity for f in out.findings] == ["warning"]
+    # Not its own cause: the run's finding stands on its own speed-up.
+    assert [(f.kind, f.cause, f.severity) for f in out.findings] == [
+        ("utilization_imbalance", None, "critical")
+    ]
     assert out.set_aside[0].finding == weak
     assert out.set_aside[0].reason == ACCOUNT_WAIT
 
@@ -162,6 +165,14 @@ def test_a_real_warning_needs_no_check() -> None:
     out = engine_review(snap)
     assert [f.kind for f in out.findings if f.severity != "info"][:1] == ["compute_straggler"]
     assert all(s.reason != ACCOUNT_WAIT for s in out.set_aside)
+
+
+def test_an_info_finding_of_no_cause_kind_is_not_the_cause() -> None:
+    snap = JobBuilder(backward_straggler()).run(60).snapshot()
+    headroom = Finding("memory_headroom", "info", (0, 1))
+    (top, rest) = review([headroom], snap).findings
+    assert (top.kind, top.ranks, top.cause) == ("utilization_imbalance", (1,), None)
+    assert rest == headroom
 
 
 def test_no_history_no_check() -> None:

@@ -41,6 +41,7 @@ from ..measures import (
     WORK_PHASES,
     PeerMedians,
     TypicalStep,
+    mean_own_work,
     other_work,
     own_work,
     peer_median,
@@ -66,7 +67,9 @@ class Thresholds:
     min_steps: steps a rank needs in the window before it is judged.
     min_excess: compute per sample relative to the peers' median that counts as slow.
     min_gap_ratio: the rank's extra local time, and its extra own work (the local time less
-        its data wait), must each be at least this share of the step.
+        its data wait), must each be at least this share of the step; so must its extra own
+        work as the window's plain mean (ranks taking turns being late on a busy host make
+        one look slow in the medians, not in the sum).
     spread_k: the extra own work must also be at least this many times its peers' spread
         (the median absolute deviation of their own work, as a standard deviation): a rank
         does not stand out of peers that differ as much among themselves.
@@ -100,6 +103,8 @@ class Inputs:
     step_s: float
     barrier: Barrier
     typical: Mapping[int, TypicalStep] = field(default_factory=dict)
+    # Own work per step as the window's plain mean (:func:`~..measures.mean_own_work`).
+    mean_work_s: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         typical=typical_steps(snapshot, stats)
         if any(len(v.steps) > 1 for v in snapshot.ranks)
         else {},
+        mean_work_s=mean_own_work(snapshot, stats),
     )
 
 
@@ -173,6 +179,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     local_of_peers = PeerMedians(i.local_s)
     work_of_peers = PeerMedians(i.work_s)
     waits_of_peers = PeerMedians(i.wait_s)
+    mean_of_peers = PeerMedians(i.mean_work_s)
     for r in i.per_sample_s:
         if r in contended:
             continue
@@ -188,6 +195,13 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             continue
         if extra < t.spread_k * _peer_spread(i.work_s, r):
             continue  # its peers differ as much among themselves: it does not stand out
+        peer_mean = mean_of_peers.get(r)
+        if (
+            peer_mean is not None
+            and r in i.mean_work_s
+            and i.mean_work_s[r] - peer_mean < t.min_gap_ratio * i.step_s
+        ):
+            continue  # over the whole window its own work is not past its peers'
         w = i.wait_s[r]
         peer_wait = waits_of_peers.get(r)
         if w is None and peer_wait is not None:
