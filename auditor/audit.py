@@ -19,7 +19,7 @@ from auditor.analysis.consistency import review as check
 from auditor.analysis.engine import review
 from auditor.analysis.findings import Finding, finding_order
 from auditor.analysis.rules.slowdown import Facts as Slowdown
-from auditor.analysis.snapshot import WARMUP_STEPS, Snapshot
+from auditor.analysis.snapshot import LIVE_WARMUP_S, WARMUP_STEPS, Snapshot
 from auditor.report.json_report import make_report
 from auditor.report.model import DeadRank as DeadRank
 from auditor.report.model import Report, ReportFinding
@@ -168,7 +168,7 @@ class Audit:
     def judge(self, now: float) -> tuple[Snapshot, Verdict]:
         """The live verdict over the window ending at ``now`` (this node's clock), and the
         window judged."""
-        snap = self.store.snapshot(now, self.window_s)
+        snap = self.store.snapshot(now, self.window_s, warmup_s=LIVE_WARMUP_S)
         return snap, self.judge_snapshot(snap)
 
     def judge_snapshot(self, snap: Snapshot) -> Verdict:

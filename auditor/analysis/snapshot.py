@@ -211,6 +211,11 @@ class Snapshot:
 
 # Steps of each rank that the live and replayed verdicts skip (see SampleStore.warmup_steps).
 WARMUP_STEPS = 5
+# Seconds of each rank's first steps that a live verdict also skips: DataLoader workers still
+# filling their prefetch queues, allocators and caches still growing. Judged live, a window that
+# opens on them raised warnings for a second or two on balanced jobs (a 15% data wait as the
+# loader warmed up); the final verdict reads the whole run and skips only WARMUP_STEPS.
+LIVE_WARMUP_S = 2.0
 
 
 class SampleStore:
@@ -328,8 +333,10 @@ class SampleStore:
         times = [d[0].time for d in self._steps.values() if d]
         return min(times) if times else None
 
-    def snapshot(self, now: float, window_s: float | None) -> Snapshot:
-        """Samples with ``now - window_s < time <= now``; ``window_s=None`` takes everything."""
+    def snapshot(self, now: float, window_s: float | None, *, warmup_s: float = 0.0) -> Snapshot:
+        """Samples with ``now - window_s < time <= now``; ``window_s=None`` takes everything.
+        ``warmup_s``: each rank's steps that ended within that many seconds of its first step's
+        start are left out as well (:data:`LIVE_WARMUP_S`)."""
         start = float("-inf") if window_s is None else now - window_s
 
         def keep(t: float) -> bool:
@@ -338,8 +345,13 @@ class SampleStore:
         views = []
         for rank in self.ranks:
             info = self._infos.get(rank) or RankInfo(rank=rank, world_size=0)
+            run = self._run.get(rank)
+            began = run.first_start if run is not None and warmup_s > 0 else None
+            settled = float("-inf") if began is None else began + warmup_s
             steps = tuple(
-                s for s in self._steps.get(rank, ()) if keep(s.time) and s.step >= self.warmup_steps
+                s
+                for s in self._steps.get(rank, ())
+                if keep(s.time) and s.step >= self.warmup_steps and s.time > settled
             )
             cpu = tuple(c for c in self._cpu.get(rank, ()) if keep(c.time))
             budgets = [m for m in self._memory.get(rank, ()) if m.time <= now]
