@@ -106,6 +106,17 @@ def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> Verdict:
     )
 
 
+# A live finding short of critical whose predicted gain is under this (or not predicted) is shown
+# once two live verdicts in a row have it (:meth:`Audit.judge_live`).
+LIVE_CONFIRM_SPEEDUP = 1.25
+
+
+def _marginal(f: Finding) -> bool:
+    if f.severity == "critical" or f.severity == "info":
+        return False
+    return f.predicted_speedup is None or f.predicted_speedup < LIVE_CONFIRM_SPEEDUP
+
+
 def _same(f: Finding) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
     """What makes two verdicts' findings one: the kind, the ranks and the GPUs it names."""
     return f.kind, f.ranks, f.gpus
@@ -131,6 +142,7 @@ class Audit:
         self.store = SampleStore(job, on_add=on_add, warmup_steps=warmup_steps)
         self.findings: list[Finding] = []
         self.set_aside: tuple[SetAside, ...] = ()
+        self._live_seen: set[tuple[str, tuple[int, ...], tuple[str, ...]]] = set()
         self._last_step: dict[int, int] = {}
         self._died: dict[int, DeadRank] = {}
         self.nodes: list[dict[str, Any]] = []  # the job view's node states (multi-node jobs)
@@ -170,6 +182,19 @@ class Audit:
         window judged."""
         snap = self.store.snapshot(now, self.window_s, warmup_s=LIVE_WARMUP_S)
         return snap, self.judge_snapshot(snap)
+
+    def judge_live(self, now: float) -> tuple[Snapshot, Verdict]:
+        """:meth:`judge` as the live panel, the events and the endpoint show it: a finding short
+        of critical whose predicted gain is under :data:`LIVE_CONFIRM_SPEEDUP` (or not predicted)
+        is shown once two verdicts in a row have it. One window that catches a loader's hiccup
+        on a busy host raised a 1.1x warning for one second on balanced jobs; a fault worth
+        more, or critical, shows at once."""
+        snap, verdict = self.judge(now)
+        seen, self._live_seen = self._live_seen, {_same(f) for f in verdict.findings}
+        shown = tuple(f for f in verdict.findings if _same(f) in seen or not _marginal(f))
+        if len(shown) == len(verdict.findings):
+            return snap, verdict
+        return snap, replace(verdict, findings=shown)
 
     def judge_snapshot(self, snap: Snapshot) -> Verdict:
         """The verdict on ``snap`` (:func:`judge`, with this audit's overrides), kept as the

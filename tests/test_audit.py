@@ -67,3 +67,23 @@ def test_every_scenario_is_compared() -> None:
         for f in live_report(DATA / "balanced_4gpu" / "recording.jsonl")["findings"]
         if f["severity"] != "info"
     ]
+
+
+def test_a_marginal_live_warning_shows_once_two_verdicts_have_it() -> None:
+    from auditor.audit import Audit
+    from tests.helpers.jobs import JobBuilder, backward_straggler, balanced, with_rank
+
+    def live(specs: list[Any]) -> list[list[tuple[str, str]]]:
+        audit = Audit("j", window_s=None)
+        job = JobBuilder(specs, store=audit.store).run(120)
+        return [
+            [(f.kind, f.severity) for f in audit.judge_live(job.now)[1].findings] for _ in range(2)
+        ]
+
+    # A warning worth under 1.25x (1.18x): held back for one verdict, then shown.
+    first, second = live(with_rank(balanced(2, num_workers=1), 1, data_wait=0.02))
+    assert ("data_starvation", "warning") in second
+    assert "data_starvation" not in [k for k, _ in first]
+    # Critical: shown at once.
+    first, _ = live(backward_straggler())
+    assert ("compute_straggler", "critical") in first

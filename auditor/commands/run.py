@@ -559,7 +559,7 @@ def _live_loop(
         if not audit.store.ranks:
             view.update(None, ())  # still waiting for the first rank
             continue
-        snap, verdict = audit.judge(time.time())
+        snap, verdict = audit.judge_live(time.time())
         findings = verdict.findings
         if link.endpoint is not None:
             link.endpoint.set_findings(findings)
