@@ -573,9 +573,19 @@ def test_every_dashboard_query_returns_series(stack: Stack) -> None:
     assert not empty, "queries with no series:\n" + "\n".join(empty)
 
 
+# Series an alert reads that no job of this stack has: the finding they carry needs a fault the
+# stack does not run. Each is rendered by its own test and its alert fired by promtool.
+NOT_IN_STACK = {
+    # a rank whose memory climbs: tests/metrics/test_memory_full_export.py renders it from a
+    # real memory_growth finding; deploy/prometheus/tests/auditor_memory.test.yml fires
+    # AuditorRankMemoryFillingUp on it.
+    "auditor_finding_memory_full_seconds",
+}
+
+
 def test_every_alert_expression_selects_real_series(stack: Stack) -> None:
-    """Each metric and recorded series an alert reads exists in Prometheus; the alerts the
-    running jobs should raise are active there."""
+    """Each metric and recorded series an alert reads exists in Prometheus (but those of
+    :data:`NOT_IN_STACK`); the alerts the running jobs should raise are active there."""
     missing = []
     for rule in ALERT_RULES:
         names = referenced_metrics(rule.expr)
@@ -584,6 +594,8 @@ def test_every_alert_expression_selects_real_series(stack: Stack) -> None:
             assert stack.prometheus.query('up{job=~"auditor-nodes|auditor-serve"}')
         for name in sorted(names):
             assert name in RECORDED or name.startswith("auditor_")
+            if name in NOT_IN_STACK:
+                continue
             if not stack.prometheus.query(f'count({{__name__="{name}"}})'):
                 missing.append(f"{rule.name}: {name}")
         # The expression itself is valid PromQL against this server (a parse error raises).
