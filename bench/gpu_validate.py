@@ -68,6 +68,7 @@ from auditor.cluster.intake import RankIntake
 from auditor.cluster.monitor import GpuMonitorCore
 from auditor.cluster.probing import probe_env
 from auditor.samples import Batch, DeviceSample, MemoryBudget, StepSample
+from auditor.telemetry.nvml import SLOW_EVERY_S
 from auditor.telemetry.recorded import RecordingWriter, read_recording
 from auditor.telemetry.sources import DeviceSource, RecordedDeviceSource, make_source
 
@@ -198,7 +199,31 @@ def read_fields(source: DeviceSource, uuid: str, reads: int) -> dict[str, Any]:
             "median": round(statistics.median(costs) * 1e3, 4),
             "p95": round(costs[round(0.95 * (len(costs) - 1))] * 1e3, 4),
         },
+        "calls_ms": call_costs(source, uuid, 30),
     }
+
+
+def call_costs(source: DeviceSource, uuid: str, reads: int) -> dict[str, float]:
+    """Mean ms of each NVML call of a full read (every field asked, maxima included), dearest
+    first: what the steady read's cadence (auditor.telemetry.nvml.SLOW_FUNCTIONS) saves."""
+    nvml = getattr(source, "nvml", None)
+    if nvml is None or not hasattr(nvml, "costs"):
+        return {}
+    before = nvml.costs()
+    for _ in range(reads):
+        # A new source knows nothing yet: its first read asks NVML for every field.
+        fresh = type(source)(getattr(source, "node", ""), nvml=nvml)
+        try:
+            fresh.sample(uuid)
+        finally:
+            fresh.close()
+    after = nvml.costs()
+    mean = {
+        fn: (after[fn][1] - before.get(fn, (0, 0.0))[1]) / n * 1e3
+        for fn in after
+        if (n := after[fn][0] - before.get(fn, (0, 0.0))[0]) > 0
+    }
+    return {fn: round(ms, 4) for fn, ms in sorted(mean.items(), key=lambda kv: -kv[1])}
 
 
 def record_job(plan: Plan, source: DeviceSource, path: Path, seconds: float) -> dict[str, Any]:
@@ -290,7 +315,14 @@ def check_nvml(plan: Plan) -> list[Check]:
         Check(
             "nvml.sample_cost",
             cost is not None,
-            f"one sample() {cost} ms median (the slowest GPU)",
+            f"one sample() {cost} ms median (the slowest GPU; the slow fields every "
+            f"{SLOW_EVERY_S:g} s); a full read's dearest calls: "
+            + (
+                ", ".join(f"{fn} {ms} ms" for fn, ms in list(gpus[0]["calls_ms"].items())[:4])
+                if gpus and gpus[0]["calls_ms"]
+                else "not measured (no NVML calls on a recorded source)"
+            ),
+            {"calls_ms": {g["uuid"]: g["calls_ms"] for g in gpus}},
         ),
         Check(
             "nvml.recording",

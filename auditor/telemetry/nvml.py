@@ -10,6 +10,10 @@ Shaped like nvitop's ``libnvml``:
 * :class:`NvmlSource` is the live :class:`~auditor.telemetry.sources.DeviceSource`: one
   consistent read of one GPU per :meth:`NvmlSource.sample`. A GPU lost mid-run reads as
   ``DeviceSample(lost=True)`` with its other fields None, and stays lost.
+* Each read asks NVML only what can have changed: the board's maxima once per GPU
+  (:data:`STATIC_FUNCTIONS`), the process list, power limit and PCIe link every
+  ``slow_every_s`` (:data:`SLOW_FUNCTIONS`), the rest every time. :meth:`Nvml.costs` holds
+  each function's calls and seconds, so the cost of a read is measured per call, not guessed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -73,6 +78,26 @@ THROTTLE_REASONS: tuple[tuple[str, str, str], ...] = (
     ("reliability", "", "nvmlClocksThrottleReasonReliability"),
 )
 
+# Read once per GPU: the board's maxima do not change while the driver is loaded.
+STATIC_FUNCTIONS = (
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+)
+# Read every ``slow_every_s``: they change rarely (a rank starting or ending, an operator's power
+# cap, a link retraining), and the process listing walks every context on the GPU, the dearest
+# call of a read. Their values in between are the last ones read.
+SLOW_FUNCTIONS = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+)
+SLOW_EVERY_S = 5.0
+"""How often the slow fields are read again (s). Ownership of a GPU by a new rank is seen
+within this; the probe's own report of its device comes sooner."""
+
 _EVENT_REASONS_FN = "nvmlDeviceGetCurrentClocksEventReasons"
 _THROTTLE_REASONS_FN = "nvmlDeviceGetCurrentClocksThrottleReasons"
 # NVML_VALUE_NOT_AVAILABLE for unsigned long long fields (c_ulonglong(-1)), used only when the
@@ -123,6 +148,8 @@ class Nvml:
         self._missing: dict[str, str] = {}
         self._warned: set[tuple[str, str]] = set()
         self._errors: dict[str, type[BaseException]] = {}
+        # function name -> [calls, seconds]: what each NVML call costs here.
+        self._costs: dict[str, list[float]] = {}
 
     # -- library and lifetime ---------------------------------------------------------------
 
@@ -226,6 +253,10 @@ class Nvml:
     def is_missing(self, fn_name: str) -> bool:
         return fn_name in self._missing
 
+    def costs(self) -> dict[str, tuple[int, float]]:
+        """Calls and total seconds per NVML function so far (failed calls included)."""
+        return {fn: (int(c[0]), c[1]) for fn, c in self._costs.items()}
+
     def query(self, fn_name: str, *args: Any) -> Any | None:
         """Call ``lib.<fn_name>(*args)``; None when the value is missing or the call failed.
 
@@ -235,6 +266,7 @@ class Nvml:
         if fn is None or not callable(fn):
             self._note_missing(fn_name, "function not found in the NVML bindings")
             return None
+        t0 = time.perf_counter()
         try:
             return fn(*args)
         except self.error("NVMLError_GpuIsLost") as exc:
@@ -255,6 +287,10 @@ class Nvml:
             else:
                 log.debug("NVML %s failed again: %s", fn_name, exc)
             return None
+        finally:
+            cost = self._costs.setdefault(fn_name, [0, 0.0])
+            cost[0] += 1
+            cost[1] += time.perf_counter() - t0
 
     def _note_missing(self, fn_name: str, reason: str) -> None:
         if fn_name in self._missing:
@@ -276,8 +312,10 @@ class NvmlSource:
         *,
         nvml: Nvml | None = None,
         clock: Callable[[], float] = time.time,
+        slow_every_s: float = SLOW_EVERY_S,
     ) -> None:
         self.node = node
+        self.slow_every_s = slow_every_s
         self.nvml = nvml if nvml is not None else Nvml()
         self._clock = clock
         self._acquired = False
@@ -286,6 +324,9 @@ class NvmlSource:
         self._idents: dict[str, DeviceIdentity] = {}
         self._by_index: dict[int, str] = {}
         self._lost: set[str] = set()
+        # uuid -> the static fields; uuid -> (when read, the slow fields).
+        self._static: dict[str, _Static] = {}
+        self._slow: dict[str, tuple[float, _Slow]] = {}
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -402,18 +443,29 @@ class NvmlSource:
         util = q("nvmlDeviceGetUtilizationRates", h)
         mem = q("nvmlDeviceGetMemoryInfo", h)
         sm = q("nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_SM"))
-        sm_max = q("nvmlDeviceGetMaxClockInfo", h, c("NVML_CLOCK_SM"))
         mclk = q("nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_MEM"))
-        mclk_max = q("nvmlDeviceGetMaxClockInfo", h, c("NVML_CLOCK_MEM"))
         reasons = self._throttle_reasons(h)
         power = q("nvmlDeviceGetPowerUsage", h)
-        limit = q("nvmlDeviceGetEnforcedPowerLimit", h)
         temp = q("nvmlDeviceGetTemperature", h, c("NVML_TEMPERATURE_GPU"))
-        gen = q("nvmlDeviceGetCurrPcieLinkGeneration", h)
-        gen_max = q("nvmlDeviceGetMaxPcieLinkGeneration", h)
-        width = q("nvmlDeviceGetCurrPcieLinkWidth", h)
-        width_max = q("nvmlDeviceGetMaxPcieLinkWidth", h)
-        procs = self._processes(h)
+        static = self._static.get(ident.uuid)
+        if static is None:
+            static = self._static[ident.uuid] = _Static(
+                sm_max=_float(q("nvmlDeviceGetMaxClockInfo", h, c("NVML_CLOCK_SM"))),
+                mclk_max=_float(q("nvmlDeviceGetMaxClockInfo", h, c("NVML_CLOCK_MEM"))),
+                gen_max=_int(q("nvmlDeviceGetMaxPcieLinkGeneration", h)),
+                width_max=_int(q("nvmlDeviceGetMaxPcieLinkWidth", h)),
+            )
+        last = self._slow.get(ident.uuid)
+        if last is None or not 0 <= now - last[0] < self.slow_every_s:
+            slow = _Slow(
+                limit_w=_milli(q("nvmlDeviceGetEnforcedPowerLimit", h)),
+                gen=_int(q("nvmlDeviceGetCurrPcieLinkGeneration", h)),
+                width=_int(q("nvmlDeviceGetCurrPcieLinkWidth", h)),
+                processes=self._processes(h),
+            )
+            self._slow[ident.uuid] = (now, slow)
+        else:
+            slow = last[1]
         return DeviceSample(
             node=self.node,
             index=ident.index,
@@ -425,18 +477,18 @@ class NvmlSource:
             mem_used_bytes=_int(getattr(mem, "used", None)),
             mem_total_bytes=_int(getattr(mem, "total", None)),
             sm_clock_mhz=_float(sm),
-            sm_clock_max_mhz=_float(sm_max),
+            sm_clock_max_mhz=static.sm_max,
             mem_clock_mhz=_float(mclk),
-            mem_clock_max_mhz=_float(mclk_max),
+            mem_clock_max_mhz=static.mclk_max,
             throttle_reasons=reasons,
             power_w=_milli(power),
-            power_limit_w=_milli(limit),
+            power_limit_w=slow.limit_w,
             temperature_c=_float(temp),
-            pcie_gen=_int(gen),
-            pcie_gen_max=_int(gen_max),
-            pcie_width=_int(width),
-            pcie_width_max=_int(width_max),
-            processes=procs,
+            pcie_gen=slow.gen,
+            pcie_gen_max=static.gen_max,
+            pcie_width=slow.width,
+            pcie_width_max=static.width_max,
+            processes=slow.processes,
         )
 
     def _throttle_reasons(self, h: Any) -> tuple[str, ...] | None:
@@ -486,6 +538,26 @@ class NvmlSource:
             "cuda_driver_version": _cuda_version(cuda),
             "device_count": _int(count),
         }
+
+
+@dataclass(frozen=True)
+class _Static:
+    """A GPU's fields that never change while the driver is loaded."""
+
+    sm_max: float | None
+    mclk_max: float | None
+    gen_max: int | None
+    width_max: int | None
+
+
+@dataclass(frozen=True)
+class _Slow:
+    """A GPU's fields read every ``slow_every_s``."""
+
+    limit_w: float | None
+    gen: int | None
+    width: int | None
+    processes: tuple[GpuProcess, ...]
 
 
 def decode_throttle_reasons(mask: int, lib: Any) -> tuple[str, ...]:

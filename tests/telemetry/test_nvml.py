@@ -553,3 +553,55 @@ def test_only_nvml_module_imports_pynvml() -> None:
         if "import pynvml" in p.read_text() or "from pynvml" in p.read_text()
     )
     assert importers == ["telemetry/nvml.py"]
+
+
+def test_each_read_asks_only_what_can_have_changed() -> None:
+    """Maxima once per GPU, the slow fields every ``slow_every_s``, the rest every read."""
+    from auditor.telemetry.nvml import SLOW_FUNCTIONS, STATIC_FUNCTIONS
+
+    lib = FakeLib(two_gpus())
+    clock = Clock(1000.0)
+    src = NvmlSource("node-a", nvml=Nvml(lib), clock=clock, slow_every_s=5.0)
+    first = src.sample(UUID0)
+    lib.calls.clear()
+    for t in (1001.0, 1002.0, 1003.0, 1004.0):
+        clock.at(t)
+        assert replace(src.sample(UUID0), time=1000.0) == first
+    asked = {fn for fn, _ in lib.calls}
+    assert asked.isdisjoint(STATIC_FUNCTIONS + SLOW_FUNCTIONS)
+    assert "nvmlDeviceGetUtilizationRates" in asked
+    # A rank that starts is seen at the next slow read, and the maxima are never asked again.
+    lib.gpus[0].compute.append((4321, 2 * GIB))
+    clock.at(1005.0)
+    lib.calls.clear()
+    assert src.sample(UUID0).processes == (
+        GpuProcess(pid=1234, used_bytes=29 * GIB),
+        GpuProcess(pid=4321, used_bytes=2 * GIB),
+    )
+    asked = {fn for fn, _ in lib.calls}
+    assert set(SLOW_FUNCTIONS) <= asked
+    assert asked.isdisjoint(STATIC_FUNCTIONS)
+
+
+def test_fast_fields_are_fresh_on_every_read() -> None:
+    lib = FakeLib(two_gpus())
+    clock = Clock(1000.0)
+    src = NvmlSource("node-a", nvml=Nvml(lib), clock=clock)
+    src.sample(UUID1)
+    lib.gpus[1].util = (99, 50)
+    lib.gpus[1].reasons = 0
+    clock.at(1000.5)
+    s = src.sample(UUID1)
+    assert (s.gpu_util, s.throttle_reasons) == (0.99, ())
+
+
+def test_costs_count_every_call_failed_ones_too() -> None:
+    gpus = two_gpus()
+    gpus[0].errors["nvmlDeviceGetPowerUsage"] = pynvml.NVMLError_NotSupported
+    src = source(FakeLib(gpus))
+    src.sample(UUID0)
+    src.sample(UUID0)
+    costs = src.nvml.costs()
+    assert costs["nvmlDeviceGetPowerUsage"][0] == 2
+    assert costs["nvmlDeviceGetMaxPcieLinkWidth"][0] == 1
+    assert all(seconds >= 0.0 for _, seconds in costs.values())
