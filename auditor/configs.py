@@ -103,6 +103,8 @@ class DoctorConfig:
 
     json: bool = False
     prometheus_url: str | None = None
+    # ``auditor doctor -- COMMAND``: the command ``auditor run`` would start (its launcher).
+    command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-PARALLEL_MODES = ("ddp", "fsdp", "dataparallel", "none")
+PARALLEL_MODES = ("ddp", "fsdp", "deepspeed", "dataparallel", "none")
 
 # Phases of one training step, in the order they happen. The probe measures each; the report,
 # the metrics and the dashboards list them in this order.
@@ -170,6 +170,15 @@ class StepSample:
     # training phases (``{"checkpoint": 1.8, "evaluation": 0.0, "logging": 0.01}``: the rank's own
     # work between its steps, e.g. ``torch.save`` on rank 0 alone); None: nothing named.
     outside: dict[str, float] | None = None
+    # The probe counted this step's FLOPs (``auditor.probe.flops``): the counting cost the step
+    # time, so the per-rank statistics the rules read leave the step out (``FlopCount.cost_s``
+    # says what it cost). False on every other step.
+    flops_counted: bool = False
+    # Bytes each collective op carried in this step (keys as in ``collective_ops``; NCCL-tests'
+    # size convention: an all-reduce's buffer, an all-gather's whole output, a reduce-scatter's
+    # whole input). An op whose payload is not known (pickled objects, a barrier) is absent;
+    # None: no bytes known in the step.
+    collective_bytes: dict[str, int] | None = None
     # Steps this sample stands for: 1 from the probe; more when ``auditor serve`` rebuilds the
     # mean step of a scrape interval from Prometheus counters. Statistics weight by it.
     count: int = 1
@@ -233,8 +242,13 @@ _WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample) if f.na
 # The last wire fields, each left off a row (with those after it) at its default: a row
 # without them (an older probe, no accumulation, nothing named outside the phases) reads as
 # the defaults.
-_OPTIONAL_TAIL = ("micro_batches", "outside")
-_TAIL_DEFAULTS: dict[str, Any] = {"micro_batches": 1, "outside": None}
+_OPTIONAL_TAIL = ("micro_batches", "outside", "flops_counted", "collective_bytes")
+_TAIL_DEFAULTS: dict[str, Any] = {
+    "micro_batches": 1,
+    "outside": None,
+    "flops_counted": False,
+    "collective_bytes": None,
+}
 assert _WIRE_FIELDS[-len(_OPTIONAL_TAIL) :] == _OPTIONAL_TAIL
 # Rows from a probe that predates ``data_cpu_s`` end at ``mem_peak_bytes``.
 _MIN_WIRE_FIELDS = _WIRE_FIELDS.index("mem_peak_bytes") + 1
@@ -358,6 +372,8 @@ class Batch:
     # Of ``ended``: ranks whose connection closed without the probe's goodbye (killed, crashed
     # hard): the rank died.
     died: tuple[int, ...] = ()
+    # FLOPs per step the ranks counted (a few per rank: see ``FlopCount``).
+    flops: tuple[FlopCount, ...] = ()
 
 
 def _from_dict(cls: Any, d: dict[str, Any]) -> Any:
@@ -441,4 +457,48 @@ class MemoryBudget:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemoryBudget:
+        return _from_dict(cls, d)
+
+
+# The dtype classes a FLOP count is split by (``FlopCount.by_dtype``): "tf32" is an fp32 matmul or
+# convolution on CUDA while TF32 was allowed for it; on CPU fp32 stays "fp32".
+FLOP_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8", "int8", "other")
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """The FLOPs of one whole optimizer step of one rank, counted from the operations that ran
+    (``auditor.probe.flops``): forward and backward of every micro-batch, each matrix multiply,
+    convolution and attention kernel by ``torch.utils.flop_counter``'s formulas, never estimated
+    from a parameter count. Counted once on a sampled step after warm-up, and again when the
+    model's input shape changes.
+
+    ``by_dtype``: the FLOPs by the dtype they ran in (keys among :data:`FLOP_DTYPES`; the values
+    add up to ``flops``). ``micro_batches``: the model's forwards in the counted step (gradient
+    accumulation); ``samples``: the samples they took (None: not known). ``device``: "cuda" or
+    "cpu", where most of the counted FLOPs ran. ``cost_s``: the extra seconds the counted step
+    took over the rank's steps on either side of it (the counting's cost; None: not known).
+    """
+
+    rank: int
+    time: float
+    step: int
+    flops: float
+    by_dtype: dict[str, float] = field(default_factory=dict)
+    micro_batches: int = 1
+    samples: int | None = None
+    device: str = "cpu"
+    cost_s: float | None = None
+
+    @property
+    def flops_per_micro_batch(self) -> float:
+        return self.flops / self.micro_batches if self.micro_batches > 0 else self.flops
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FlopCount:
+        d = dict(d)
+        d["by_dtype"] = {str(k): float(v) for k, v in (d.get("by_dtype") or {}).items()}
         return _from_dict(cls, d)

@@ -122,6 +122,20 @@ def fmt_rate(value: float | None) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
+def fmt_flops(value: Any, unit: str = "") -> str:
+    """FLOPs (or FLOP/s) with an SI prefix: ``312T``, ``4.1G``, ``950M`` (``unit`` after it:
+    ``312 TFLOP/s``); ``-`` for whatever is not a number."""
+    if not is_number(value):
+        return MISSING
+    v = float(value)
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            figure = v / scale
+            text = f"{figure:.0f}" if abs(figure) >= 10 else f"{figure:.1f}"
+            return f"{text} {prefix}{unit}" if unit else f"{text}{prefix}"
+    return f"{v:.0f} {unit}" if unit else f"{v:.0f}"
+
+
 def fmt_batch(value: float | None) -> str:
     """A median batch size: whole when it is, else one decimal."""
     if value is None:

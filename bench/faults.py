@@ -113,6 +113,8 @@ CASES: tuple[Case, ...] = (
          injects="rank 1 keeps an extra 256 MiB module, from the start"),
     Case("slow_collective", "slow collective", "plain", "slow_collective", "compute_straggler",
          (1,), injects="rank 1 all-gathers 2 MB of metrics objects per step"),
+    Case("slow_transfer", "slow transfer", "plain", "slow_transfer", "slow_collective", (),
+         injects="every rank all-gathers 16 MiB per step: the transfer itself, no rank"),
     Case("accum_starvation", "data: under accumulation", "plain", "accum_starvation",
          "data_starvation", (1,), injects="io_starvation, 4 micro-batches per step"),
     Case("lightning_starvation", "data: Lightning", "lightning", "starvation", "data_starvation",

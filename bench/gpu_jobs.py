@@ -6,6 +6,7 @@
     torchrun --nproc_per_node=2 bench/gpu_jobs.py verdict --fault startup|leak|slowdown \
         --seconds S --out 'FILE_{rank}.json'
     python bench/gpu_jobs.py train   --seconds S          (the job the NVML recording watches)
+    python bench/gpu_jobs.py matmul  --dtype bf16|fp32 [--starve] --seconds S --out FILE
 
 Every job runs on ``cuda:0`` where CUDA is there and on the CPU otherwise (``gpu_validate.py
 --dry-run``), with sizes chosen per device so that each phase costs milliseconds on an H100 and
@@ -36,6 +37,11 @@ measures that itself (``torch.cuda.memory_allocated()`` after every step; its re
 the CPU) and writes the least-squares slope per step and per second; ``slowdown``: rank 1 adds
 the forward straggler's device work from the middle of its training on and writes the first
 step that carried it. ``--out`` takes ``{rank}``: each rank writes its own file.
+
+``matmul``: one process, bias-free Linear layers of known FLOPs per step (``matmul_flops``) on
+batches made on the device, in bf16 (autocast) or fp32 with TF32 off; ``--starve`` reads each
+batch for as long as a step computes, so the device waits half the time (``gpu_validate.py``'s
+``mfu`` group).
 """
 
 from __future__ import annotations
@@ -80,6 +86,11 @@ LEAK_BATCH = 256
 # The slowdown job: rank 1 turns slow this far into its training (a share of --seconds).
 SLOWDOWN_AT = 0.5
 FAULTS = ("starve", "forward", "none", "startup", "leak", "slowdown")
+# (width, layers, batch) of the matmul job: bias-free Linear layers, FLOPs per step exactly
+# 2 x batch x width^2 x (3 x layers - 1) (forward; backward's weight gradients; the input
+# gradients of every layer but the first, whose input needs none). On an H100 3 TFLOPs a step:
+# about 4 ms in bf16, 60 ms in fp32 with TF32 off.
+MATMUL_SHAPE = (8192, 4, 8192) if CUDA else (256, 4, 256)
 
 
 def mlp(width: int, layers: int) -> nn.Sequential:
@@ -416,6 +427,80 @@ def verdict(args: argparse.Namespace) -> dict[str, Any]:
         epoch += 1
 
 
+class Fed(Dataset):
+    """Whole batches made on the device, each after ``read_s`` seconds on the host (slow
+    storage read in the main process: the device waits for it)."""
+
+    def __init__(self, batch: int, width: int) -> None:
+        self.batch, self.width, self.read_s = batch, width, 0.0
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        raise NotImplementedError  # always fetched whole, by __getitems__
+
+    def __getitems__(self, idx: list[int]) -> torch.Tensor:
+        if self.read_s:
+            time.sleep(self.read_s)
+        return torch.randn(len(idx), self.width, device=DEVICE)
+
+
+def matmul_flops(width: int, layers: int, batch: int) -> int:
+    """The exact FLOPs of one step of the matmul job (see ``MATMUL_SHAPE``)."""
+    return 2 * batch * width * width * (3 * layers - 1)
+
+
+def matmul(args: argparse.Namespace) -> dict[str, Any]:
+    """The matmul job of known FLOPs (``gpu_validate.py``'s ``mfu`` group): bf16 under autocast,
+    or fp32 with TF32 off; ``--starve``: each batch read for as long as a step computes (the
+    loop's own steps timed first), so that the device waits about half of each step."""
+    width, layers, batch = MATMUL_SHAPE
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
+    model = model.to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-9)
+    half = args.dtype == "bf16"
+
+    def step(x: torch.Tensor) -> None:
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=half):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    data = Fed(batch, width)
+    read_s = 0.0
+    if args.starve:  # the step's own time, measured once (synchronised: before the run)
+        x = torch.randn(batch, width, device=DEVICE)
+        step(x)
+        _sync()
+        t = time.perf_counter()
+        for _ in range(5):
+            step(x)
+        _sync()
+        read_s = data.read_s = (time.perf_counter() - t) / 5
+    loader = DataLoader(data, batch_size=batch, num_workers=0, collate_fn=_same)
+    start, steps = time.time(), 0
+    for x in loader:
+        step(x)
+        steps += 1
+        if time.time() - start >= args.seconds:
+            break
+    _sync()
+    return {
+        "steps": steps,
+        "exact_flops": matmul_flops(width, layers, batch),
+        "dtype": args.dtype,
+        "read_s": read_s,
+        "shape": [width, layers, batch],
+        "device_name": torch.cuda.get_device_name(0) if CUDA else None,
+    }
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """A plain CUDA training job for the NVML recording: busy, then idle at the end."""
     width, layers, batch = PHASE_SHAPE
@@ -448,10 +533,15 @@ def main(argv: list[str] | None = None) -> int:
     ve.add_argument("--seconds", type=float, default=20.0)
     tr = sub.add_parser("train")
     tr.add_argument("--seconds", type=float, default=20.0)
-    for s in (ph, me, ve, tr):
+    mm = sub.add_parser("matmul")
+    mm.add_argument("--dtype", choices=("bf16", "fp32"), required=True)
+    mm.add_argument("--seconds", type=float, default=8.0)
+    mm.add_argument("--starve", action="store_true", help="the device waits about half a step")
+    for s in (ph, me, ve, tr, mm):
         s.add_argument("--out", help="write the job's figures here (JSON)")
     args = p.parse_args(argv)
-    job = {"phases": phases, "memory": memory, "verdict": verdict, "train": train}[args.job]
+    jobs = {"phases": phases, "memory": memory, "verdict": verdict, "train": train}
+    job = {**jobs, "matmul": matmul}[args.job]
     if getattr(args, "profile", False):
         import cProfile
         import pstats

@@ -2,7 +2,7 @@
 
     python bench/gpu_validate.py [--dry-run] [--only NAME[,NAME...]] [--record-dir DIR]
 
-Six groups of checks, one line each (``holds`` / ``falls short``, with the figure):
+Seven groups of checks, one line each (``holds`` / ``falls short``, with the figure):
 
 1. ``nvml``: every field of every GPU present, or missing with NVML's reason; values sane; the
    cost of one ``sample()``; a 20 s recording of a real CUDA training job (``gpu_jobs.py
@@ -29,6 +29,16 @@ Six groups of checks, one line each (``holds`` / ``falls short``, with the figur
    ``torch.cuda.memory_allocated()``, a time to full given, no larger batch advised to it);
    rank 1 turning slow in its forward halfway (slowdown on rank 1, at the step it turned slow
    within 5% of its steps).
+
+7. ``mfu``: a matmul job of known FLOPs (``gpu_jobs.py matmul``) under ``auditor run``, in bf16
+   (autocast) and in fp32 with TF32 off: the FLOPs the probe counted within 2% of the exact
+   count, all in the job's dtype; each rank's MFU its FLOP/s over the peak table's figure for
+   the card and dtype (within 1%); the bf16 job's FLOP/s at least 3x the fp32 one's, the fp32
+   job's report booking most of its time to precision (bf16 would give back half of it or more)
+   with a ``low_mfu`` finding. (Its MFU against the fp32 peak is the card's fp32 matmul
+   efficiency, near the bf16 job's: MFU is judged at the peak of the dtype the FLOPs ran in.)
+   And the bf16 job half-starved (each batch read for as long as a step computes): its MFU
+   0.3-0.7 of the fed job's, the gap's largest part ``data_wait`` (30% or more).
 
 Writes ``bench/results/gpu_validate.json`` (``BENCH_RESULTS_DIR`` to write elsewhere): the
 device's name and driver, and ``checks``: ``[{"name", "holds", "figure"}]``. Exit status: 0 when
@@ -85,6 +95,8 @@ GPU_KINDS = ("utilization_imbalance", "hardware_straggler", "idle_device", "memo
 RATE_REL = 0.20  # a memory climb's rate within 20% of the rank's own measure
 STEP_REL = 0.05  # a change placed within 5% of the rank's steps of the step it turned slow
 STARTUP_SHARE = 0.4  # the start-up job's start-up, at least this share of its run (about half)
+FLOPS_REL = 0.02  # counted FLOPs within 2% of the exact count
+PRECISION_RATIO = 3.0  # the bf16 matmul job's FLOP/s at least this many times the fp32 one's
 
 # DeviceSample fields that come from NVML reads (identity and time excluded), and the NVML
 # function behind each (what a "missing" report names).
@@ -869,6 +881,127 @@ def _slowdown_check(plan: Plan, report: dict[str, Any]) -> Check:
     )
 
 
+# -- 7. work done: FLOPs and MFU -----------------------------------------------------------------
+
+
+def _matmul(
+    plan: Plan, name: str, dtype: str, seconds: float, starve: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The matmul job under ``auditor run``: its report and the job's own figures."""
+    out = plan.workdir / f"{name}.json"
+    cmd = [sys.executable, JOBS, "matmul", "--dtype", dtype, "--seconds", f"{seconds:g}"]
+    cmd += ["--out", str(out), *(["--starve"] if starve else [])]
+    report, _ = audited(plan, name, cmd)
+    return report, dict(json.loads(out.read_text())) if out.exists() else {}
+
+
+def _counted_check(name: str, report: dict[str, Any], job: dict[str, Any], dtype: str) -> Check:
+    flops = report["ranks"][0].get("flops") or {}
+    got, exact = flops.get("flops_per_step"), job.get("exact_flops")
+    if got is None or not exact:
+        return Check(name, False, f"no count in the report (exact {exact})")
+    err = got / exact - 1
+    share = (flops.get("by_dtype") or {}).get(dtype, 0.0) / got if got else 0.0
+    return Check(
+        name,
+        abs(err) <= FLOPS_REL and share >= 0.98,
+        f"{got:.4g} FLOPs a step counted against {exact:.4g} exact ({err * 100:+.2f}%), "
+        f"{share:.0%} in {dtype}; counting cost {flops.get('count_cost_s')} s",
+        {"counted": got, "exact": exact, "by_dtype": flops.get("by_dtype")},
+    )
+
+
+def _table_check(plan: Plan, runs: dict[str, dict[str, Any]]) -> Check:
+    from auditor.analysis.peaks import peak_flops
+
+    figures, ok = [], True
+    for dtype, report in runs.items():
+        f = report["ranks"][0].get("flops") or {}
+        mfu, rate, name = f.get("mfu"), f.get("flops_per_s"), f.get("device_name")
+        if plan.dry_run:  # a CPU: FLOP/s, and no MFU
+            ok = ok and mfu is None and bool(rate)
+            figures.append(f"{dtype} {rate:.3g} FLOP/s, MFU {mfu} on the CPU" if rate else dtype)
+            continue
+        peak = peak_flops(name, dtype)
+        want = rate / peak if rate and peak else None
+        good = mfu is not None and want is not None and abs(mfu / want - 1) <= 0.01 and mfu <= 1
+        ok = ok and good
+        figures.append(
+            f"{dtype} MFU {mfu} = {rate:.4g} FLOP/s / {peak:.4g} ({name})"
+            if rate and peak
+            else f"{dtype} MFU {mfu} on {name} (no peak)"
+        )
+    return Check("mfu.against_table", ok, "; ".join(figures))
+
+
+def _precision_check(plan: Plan, bf16: dict[str, Any], fp32: dict[str, Any]) -> Check:
+    """The bf16 job does several times the fp32 job's work. Each MFU is against the peak of
+    the dtype its FLOPs ran in (the contract's), so the two MFUs are both near the card's
+    matmul efficiency; what bf16 multiplies is the FLOP/s, and the fp32 job's report says how
+    much of its time bf16 would give back (``job.mfu.precision``)."""
+    rb = (bf16["ranks"][0].get("flops") or {}).get("flops_per_s")
+    rf = (fp32["ranks"][0].get("flops") or {}).get("flops_per_s")
+    mb = (bf16["job"].get("mfu") or {}).get("mfu")
+    mf = (fp32["job"].get("mfu") or {}).get("mfu")
+    precision = (fp32["job"].get("mfu") or {}).get("precision")
+    low = any(f["kind"] == "low_mfu" for f in fp32["findings"])
+    ratio = rb / rf if rb and rf else None
+    holds = ratio is not None and ratio >= PRECISION_RATIO and (precision or 0) >= 0.5 and low
+    return Check(
+        "mfu.bf16_over_fp32",
+        holds or (plan.dry_run and ratio is not None),
+        f"bf16 {rb:.4g} FLOP/s against fp32 {rf:.4g} ({ratio:.1f}x); MFU bf16 {mb}, fp32 {mf}; "
+        f"the fp32 job's bf16 share to give back {precision}, low_mfu on it: {low}"
+        if ratio is not None
+        else f"no FLOP/s: bf16 {rb}, fp32 {rf}",
+    )
+
+
+def _starved_check(
+    plan: Plan, fed: dict[str, Any], starved: dict[str, Any], job: dict[str, Any]
+) -> Check:
+    work = starved["job"].get("mfu") or {}
+    gap = work.get("gap") or {}
+    mfu, fed_mfu = work.get("mfu"), (fed["job"].get("mfu") or {}).get("mfu")
+    largest = max(gap, key=gap.__getitem__) if gap else None
+    wait = starved["ranks"][0].get("data_wait_ratio")
+    if plan.dry_run:  # no MFU on a CPU: the starvation itself, as the split will book it
+        return Check(
+            "mfu.starved_to_data_wait",
+            wait is not None and wait >= 0.3,
+            f"data wait {wait} of the step (read {job.get('read_s', 0):.3f} s a batch); no MFU "
+            "on the CPU",
+        )
+    ratio = mfu / fed_mfu if mfu and fed_mfu else None
+    holds = (
+        largest == "data_wait"
+        and gap.get("data_wait", 0) >= 0.3
+        and ratio is not None
+        and 0.3 <= ratio <= 0.7
+    )
+    return Check(
+        "mfu.starved_to_data_wait",
+        holds,
+        f"MFU {mfu} against the fed job's {fed_mfu} ({ratio}); the gap {gap}; data wait "
+        f"{wait} of the step (read {job.get('read_s', 0):.4f} s a batch)",
+    )
+
+
+def check_mfu(plan: Plan) -> list[Check]:
+    """The matmul job of known FLOPs in bf16 and in fp32 (TF32 off), and bf16 half-starved."""
+    seconds = max(4.0, 0.4 * plan.seconds)
+    bf16, bf16_job = _matmul(plan, "mfu_bf16", "bf16", seconds)
+    fp32, fp32_job = _matmul(plan, "mfu_fp32", "fp32", seconds)
+    starved, starved_job = _matmul(plan, "mfu_starved", "bf16", seconds, starve=True)
+    return [
+        _counted_check("mfu.counted_bf16", bf16, bf16_job, "bf16"),
+        _counted_check("mfu.counted_fp32", fp32, fp32_job, "fp32"),
+        _table_check(plan, {"bf16": bf16, "fp32": fp32}),
+        _precision_check(plan, bf16, fp32),
+        _starved_check(plan, bf16, starved, starved_job),
+    ]
+
+
 # -- the plan -------------------------------------------------------------------------------------
 
 CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
@@ -878,6 +1011,7 @@ CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
     "memory": check_memory,
     "sampling": check_sampling,
     "over_time": check_over_time,
+    "mfu": check_mfu,
 }
 
 

@@ -19,6 +19,11 @@ on arm must send at least one, the off arm none. The CPU figures include the mea
 cost (its first fixed-part walk and ``gc`` scan for modules outside the model, tens of ms) spread
 over ``--steps``: short runs overstate it; the wall figures are medians and leave it out.
 
+FLOPs per step (``auditor.probe.flops``) are counted on one step of each probed run (the 4th,
+inside the skipped warm-up, so no median holds it): that step's own extra cost, as the probe
+reports it (``FlopCount.cost_s``), is summarised apart (``flops_count_cost_ms_median``); every
+other step pays only a shape comparison at the model's forward, which the per-step figures hold.
+
     python bench/probe_hotpath.py [--pairs 7] [--steps 20000] [--collective]
         [--memory [--memory-every N]]
 
@@ -143,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {"order": order}
             for name in order:
                 cpu, wall = run_loop(args.steps, arms[name], args.collective)
-                samples, budgets = received(intake, probed=name != "plain")
+                samples, budgets, counts = received(intake, probed=name != "plain")
                 row[name] = {"wall_us": wall, "cpu_us": cpu, "samples": samples,
-                             "budgets": budgets}  # fmt: skip
+                             "budgets": budgets, "flops_cost_s": counts}  # fmt: skip
             rounds.append(row)
             print(f"round {i + 1}/{args.pairs}: " + "; ".join(
                 f"{n} wall {row[n]['wall_us']:.1f} us, CPU {row[n]['cpu_us']:.1f} us"
@@ -178,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
             q[n]["samples"] >= args.steps - 200 for q in rounds for n in probed_arms
         ),
     }
+    count_costs = [x for q in rounds for n in probed_arms for x in q[n]["flops_cost_s"]]
+    summary["flops_counts"] = len(count_costs)
+    if count_costs:
+        summary["flops_count_cost_ms_median"] = round(1e3 * statistics.median(count_costs), 3)
+        summary["flops_count_cost_ms_max"] = round(1e3 * max(count_costs), 3)
     if args.memory:
         mem_wall = cost("memory_on", "memory_off", "wall_us")
         mem_cpu = cost("memory_on", "memory_off", "cpu_us")
@@ -204,17 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def received(intake: RankIntake, *, probed: bool, timeout_s: float = 10.0) -> tuple[int, int]:
-    """(steps, budgets) the last arm sent: for a probed arm, everything until the intake saw its
-    connection close (its last flush may still be in the socket when the process has exited)."""
+def received(
+    intake: RankIntake, *, probed: bool, timeout_s: float = 10.0
+) -> tuple[int, int, list[float]]:
+    """(steps, budgets, the FLOP-counted steps' costs) the last arm sent: for a probed arm,
+    everything until the intake saw its connection close (its last flush may still be in the
+    socket when the process has exited)."""
     steps = budgets = 0
+    costs: dict[int, float] = {}  # by counted step: a count may be resent on a new connection
     deadline = time.monotonic() + timeout_s
     while True:
         got = intake.drain()
         steps += len(got.steps)
         budgets += len(got.memory)
+        costs.update({f.step: f.cost_s for f in got.flops if f.cost_s is not None})
         if not probed or got.ended or time.monotonic() > deadline:
-            return steps, budgets
+            return steps, budgets, list(costs.values())
         time.sleep(0.05)
 
 

@@ -6,15 +6,18 @@ cd "$(dirname "$0")/.."
 
 # promtool (Debian's prometheus package) checks the exported metrics and the deploy/ configs,
 # amtool (prometheus-alertmanager) the Alertmanager config; headless chromium opens the HTML
-# report. No service is started.
+# report; slurm-wlm and munge are the real SLURM of tests/e2e/test_slurm.py (tests/slurm.py
+# starts its daemons on 127.0.0.1 and stops them). No service is started here.
 if ! command -v promtool >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1 \
-  || ! command -v chromium >/dev/null 2>&1; then
+  || ! command -v chromium >/dev/null 2>&1 || ! command -v slurmctld >/dev/null 2>&1 \
+  || ! command -v munged >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      prometheus prometheus-alertmanager chromium >/dev/null
+      prometheus prometheus-alertmanager chromium slurm-wlm munge >/dev/null
   else
-    echo "tests/run.sh: promtool/amtool/chromium missing and cannot apt-get install (not root)" >&2
+    echo "tests/run.sh: promtool/amtool/chromium/slurm missing and cannot apt-get install" \
+      "(not root)" >&2
   fi
 fi
 

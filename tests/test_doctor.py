@@ -146,3 +146,79 @@ def test_internal_error_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert doctor.main(False, None, nvml=Nvml(Broken(two_gpus()))) == 1
     out, err = capsys.readouterr()
     assert out == "" and "internal error: ZeroDivisionError: bug" in err
+
+
+# -- launcher and scheduler (the environments of a real srun task and a PyTorchJob pod) ----------
+
+SRUN_TASK = {
+    "SLURMD_NODENAME": "n2",
+    "SLURM_CLUSTER_NAME": "auditortest",
+    "SLURM_JOB_ID": "4",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+}
+
+
+def test_doctor_names_a_slurm_task_and_its_identity() -> None:
+    launch = doctor.check_launch(SRUN_TASK, ["python", "train.py"], labels={})
+    assert (launch["scheduler"], launch["within"], launch["launcher"]) == (
+        "slurm",
+        "srun",
+        "python",
+    )
+    assert (launch["rank"], launch["world_size"], launch["node"]) == (1, 2, "n2")
+    assert (launch["job"], launch["job_name"]) == ("4", "train")
+    assert launch["per_task"] and launch["member"] == "task1"
+    text = "\n".join(doctor._launch_lines(launch))
+    assert "scheduler slurm; inside srun" in text
+    assert "rank 1 (SLURM_PROCID) of 2 (SLURM_STEP_NUM_TASKS)" in text
+    assert "node n2 (SLURMD_NODENAME), node rank 1 (SLURM_NODEID)" in text
+    assert "job 4 (train) (SLURM_JOB_ID): the auditor_job label" in text
+    assert "one auditor per task: as task1" in text
+
+
+def test_doctor_names_srun_as_the_command_outside_an_allocation() -> None:
+    launch = doctor.check_launch({}, ["srun", "-n2", "python", "train.py"], labels={})
+    assert (launch["scheduler"], launch["within"], launch["launcher"]) == ("slurm", None, "srun")
+    text = "\n".join(doctor._launch_lines(launch))
+    assert "the command starts: srun" in text and "run it in sbatch or salloc" in text
+
+
+def test_doctor_names_a_pytorchjob_pod(tmp_path: Path) -> None:
+    labels = tmp_path / "labels"
+    labels.write_text('training.kubeflow.org/job-name="bert"\n')
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "RANK": "0", "WORLD_SIZE": "4"}
+    env.update(MASTER_ADDR="bert-master-0", MASTER_PORT="23456")
+    env["AUDITOR_POD_LABELS"] = str(labels)
+    report = doctor.collect(environ=env, nvml=Nvml(FakeLib([])))
+    launch = report["launch"]
+    assert (launch["scheduler"], launch["within"]) == ("kubernetes", "pod")
+    assert launch["job"] == "bert"
+    assert launch["sources"]["job"] == "pod label training.kubeflow.org/job-name"
+    text = doctor.render(report)
+    assert "Launch      scheduler kubernetes; inside pod" in text
+    assert "one auditor per pod: as rank0" in text
+    json.dumps(report)  # the --json form
+
+
+def test_doctor_on_a_plain_machine_names_no_launcher() -> None:
+    text = "\n".join(doctor._launch_lines(doctor.check_launch({}, (), labels={})))
+    assert "scheduler none; no launcher around it" in text
+    assert "rank: from each process's group" in text
+    assert "job: --job, else the script's name" in text
+
+
+def test_doctor_cli_takes_the_command_auditor_run_would_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from auditor.cli import main
+
+    assert main(["doctor", "--json", "--", "srun", "-n2", "python", "train.py"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["launch"]["launcher"] == "srun"
+    assert report["launch"]["command"] == ["srun", "-n2", "python", "train.py"]

@@ -24,6 +24,13 @@ PLAN = {
     "memory": ("fixed_part", "activations", "headroom_fits"),
     "sampling": ("cost",),
     "over_time": ("long_startup", "memory_growth", "slowdown"),
+    "mfu": (
+        "counted_bf16",
+        "counted_fp32",
+        "against_table",
+        "bf16_over_fp32",
+        "starved_to_data_wait",
+    ),
 }
 
 
@@ -52,6 +59,11 @@ def test_dry_run_runs_every_check_of_the_plan(tmp_path: Path) -> None:
     for name in ("verdict.starved", "verdict.forward_straggler", "verdict.balanced", *over_time):
         assert checks[name]["holds"], checks[name]["figure"]
     assert checks["memory.fixed_part"]["holds"], checks["memory.fixed_part"]["figure"]
+    # The FLOPs the probe counts are exact on a CPU too (bf16 under CPU autocast, and fp32),
+    # a CPU job has FLOP/s and no MFU, and the half-starved job waits for data.
+    for name in ("mfu.counted_bf16", "mfu.counted_fp32", "mfu.against_table"):
+        assert checks[name]["holds"], checks[name]["figure"]
+    assert checks["mfu.starved_to_data_wait"]["holds"], checks["mfu.starved_to_data_wait"]
     assert doc["dry_run"] is True and doc["device"]["cuda"] is False
     held = all(c["holds"] for c in checks.values())
     assert proc.returncode == (0 if held else 1)

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "auditor.wording",
             "auditor.configs",
             "auditor.torchrun",
+            "auditor.launch_env",
         ),
     ),
     # What is measured: inside the ranks (the probe), on the node (NVML, psutil, recordings).

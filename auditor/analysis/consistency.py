@@ -17,7 +17,8 @@ here, each by the stronger evidence, and the finding that loses is set aside wit
   ``memory_growth`` names would bring its crash closer: the finding that gives it is set aside
   (``memory_climbs``), whatever its severity (``memory_headroom`` already holds back itself).
 * **"Balanced" while a rank waits for one peer.** Where no finding of at least ``warning`` is
-  left, yet over the run's steps after warm-up (:attr:`Snapshot.history`) a rank waited at the
+  left (``low_mfu``, the job's efficiency, not counted: :data:`JOB_WIDE`), yet over the run's
+  steps after warm-up (:attr:`Snapshot.history`) a rank waited at the
   collectives ``WAIT_SHARE`` of its step time or more, and one peer (or a minority of them) did
   that work while waiting at most ``CULPRIT_SHARE`` of that, the verdict would say "balanced"
   against the time account. The account wins: a ``utilization_imbalance`` finding blames the
@@ -46,6 +47,10 @@ COMPUTING = frozenset(
 )
 # Findings that name a GPU as working (busy, slower, gathering), whatever rank they blame.
 GPU_WORKING = frozenset({"hardware_straggler", "dataparallel_gather"})
+# Findings about the whole job's efficiency (the work its GPUs do), not about a rank: they say
+# nothing about whether one rank holds the others back, so they do not stand in for a warning
+# about one (a job at a low MFU can still wait for one peer).
+JOB_WIDE = frozenset({"low_mfu"})
 # A rank that waited this share of its steps' time at the collectives, over the run after
 # warm-up, waited for its peers for a quarter of its training. The finding it gives is
 # utilization_imbalance's, so that rule's ``min_spread`` (0.25 by default) is the share used
@@ -234,7 +239,11 @@ def _trained(history: RankHistory) -> _Waits | None:
 def _account_waits(
     findings: list[Finding], history: Mapping[int, RankHistory], wait_share: float
 ) -> tuple[list[Finding], list[SetAside]]:
-    if any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK["warning"] for f in findings):
+    if any(
+        SEVERITY_RANK[f.severity] >= SEVERITY_RANK["warning"]
+        for f in findings
+        if f.kind not in JOB_WIDE
+    ):
         return findings, []
     waits = {r: w for r, h in history.items() if (w := _trained(h)) is not None}
     if len(waits) < 2:

@@ -34,6 +34,7 @@ LEVERS: Mapping[str, str] = {
     "rank_work": CODE,  # work one rank does that its peers do not
     "gradient_checkpointing": CODE,
     "autocast_bf16": CODE,
+    "tf32": CODE,  # TF32 for fp32 matmuls (torch.backends.cuda.matmul.allow_tf32)
     "bf16_params": CODE,
     "optimizer": CODE,
     "sharding": CODE,
@@ -50,6 +51,15 @@ LEVERS: Mapping[str, str] = {
     "checkpoint_interval": CODE,  # steps between checkpoints
     "evaluation_on_all_ranks": CODE,  # evaluation sharded over every rank, not one rank's alone
     "logging_off_step": CODE,  # logging and metric gathering off the step (less often, async)
+    # the job's collectives themselves (slow_collective): the network NCCL uses
+    # (NCCL_SOCKET_IFNAME, NCCL_IB_HCA: not TCP on a management NIC), DDP's gradient buckets
+    # (bucket_cap_mb), a compression comm hook, overlap of the transfer with compute, fewer
+    # collectives a step (metrics gathered less often, coalesced)
+    "collective_network": CODE,
+    "bucket_cap_mb": CODE,
+    "comm_hook": CODE,
+    "collective_overlap": CODE,
+    "fewer_collectives": CODE,
     # the machine
     "device": HARDWARE,  # a throttled or slower GPU: cooling, power, clocks, replacement
     "power_limit": HARDWARE,  # a GPU's power limit in watts (nvidia-smi -pl)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from auditor.samples import (
     Batch,
     DeviceSample,
+    FlopCount,
     MemoryBudget,
     NodeCpu,
     ProcessCpu,
@@ -43,6 +44,8 @@ class RankView:
     ended: bool = False
     # The latest memory budget the rank measured (any time up to the window's end), if any.
     memory: MemoryBudget | None = None
+    # The latest FLOPs per step the rank counted (any time up to the window's end), if any.
+    flops: FlopCount | None = None
 
     @property
     def step_count(self) -> int:
@@ -145,7 +148,7 @@ class Snapshot:
     @property
     def parallel_mode(self) -> str:
         modes = {v.info.parallel_mode for v in self.ranks}
-        for mode in ("ddp", "fsdp", "dataparallel"):
+        for mode in ("ddp", "fsdp", "deepspeed", "dataparallel"):
             if mode in modes:
                 return mode
         return "none"
@@ -251,6 +254,7 @@ class SampleStore:
         self._run: dict[int, RunTotals] = {}
         self._history: dict[int, RankHistory] = {}
         self._memory: dict[int, list[MemoryBudget]] = {}
+        self._flops: dict[int, list[FlopCount]] = {}
         self._max_steps = max_steps_per_rank
         self._max_cpu = max_cpu_per_rank
 
@@ -258,12 +262,16 @@ class SampleStore:
         for info in batch.infos:
             self._infos[info.rank] = info
         for s in batch.steps:
-            self._steps.setdefault(s.rank, deque(maxlen=self._max_steps)).append(s)
             self._total[s.rank] = self._total.get(s.rank, 0) + 1
             run = self._run.get(s.rank)
             if run is None:
                 run = self._run[s.rank] = RunTotals()
-            run.add(s)
+            run.add(s)  # the rank's account holds every step, the counted one included
+            if s.flops_counted:
+                # The probe counted this step's FLOPs, which cost it time (FlopCount.cost_s):
+                # neither the window's steps nor the history, so no rule judges that cost.
+                continue
+            self._steps.setdefault(s.rank, deque(maxlen=self._max_steps)).append(s)
             hist = self._history.get(s.rank)
             if hist is None:
                 hist = self._history[s.rank] = RankHistory(s.rank)
@@ -280,6 +288,12 @@ class SampleStore:
             kept.append(m)
             kept.sort(key=lambda b: b.time)
             del kept[: -self._max_cpu]
+        for f in batch.flops:
+            # Counted once after warm-up and again when the input shape changes: few per rank.
+            counts = self._flops.setdefault(f.rank, [])
+            counts.append(f)
+            counts.sort(key=lambda c: c.time)
+            del counts[: -self._max_cpu]
         if self._on_add is not None:
             self._on_add(batch)
 
@@ -355,6 +369,7 @@ class SampleStore:
             )
             cpu = tuple(c for c in self._cpu.get(rank, ()) if keep(c.time))
             budgets = [m for m in self._memory.get(rank, ()) if m.time <= now]
+            counts = [f for f in self._flops.get(rank, ()) if f.time <= now]
             views.append(
                 RankView(
                     info=info,
@@ -362,6 +377,7 @@ class SampleStore:
                     cpu=cpu,
                     ended=rank in self._ended,
                     memory=budgets[-1] if budgets else None,
+                    flops=counts[-1] if counts else None,
                 )
             )
         nodes = tuple(n for n in self._nodes if keep(n.time))

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from auditor.configs import DoctorConfig
 
 from .options import Option, add_options, boolean, resolve
-from .usage import UsageError
 
 DOCTOR_OPTIONS: tuple[Option, ...] = (
     Option("--json", "json", "print the checks as JSON", boolean, False, True),
@@ -20,15 +19,18 @@ DOCTOR_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def doctor_config(ns: argparse.Namespace, env: Mapping[str, str]) -> DoctorConfig:
-    return DoctorConfig(**resolve(ns, DOCTOR_OPTIONS, env))
+def doctor_config(
+    ns: argparse.Namespace, env: Mapping[str, str], command: Sequence[str] = ()
+) -> DoctorConfig:
+    return DoctorConfig(**resolve(ns, DOCTOR_OPTIONS, env), command=tuple(command))
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "doctor",
         help="check NVML, Ray, Prometheus and the probe on this machine",
-        description="Check what the auditor can measure here and say what is missing.",
+        description="Check what the auditor can measure here and say what is missing; "
+        "after --, the command auditor run would start (its launcher is named).",
     )
     add_options(p, DOCTOR_OPTIONS)
 
@@ -36,8 +38,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 def dispatch(ns: argparse.Namespace, command: Sequence[str], env: Mapping[str, str]) -> int | None:
     if ns.cmd != "doctor":
         return None
-    if command:
-        raise UsageError("auditor doctor takes no command after --")
     from auditor.commands.doctor import doctor
 
-    return doctor(doctor_config(ns, env))
+    # A command after ``--``: the launcher ``auditor run -- COMMAND`` would start, named too.
+    return doctor(doctor_config(ns, env, command))

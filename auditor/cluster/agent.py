@@ -242,6 +242,7 @@ class NodeAgentCore:
             devices=tuple(devices),
             ended=tuple(sorted({r for b in queued for r in b.ended})),
             memory=tuple(m for b in queued for m in b.memory),
+            flops=tuple(f for b in queued for f in b.flops),
             died=tuple(sorted({r for b in queued for r in b.died})),
         )
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from auditor.samples import Batch, MemoryBudget, RankInfo, StepSample
+from auditor.samples import Batch, FlopCount, MemoryBudget, RankInfo, StepSample
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class IntakeDelta:
     ended: set[int] = field(default_factory=set)
     died: set[int] = field(default_factory=set)
     memory: list[MemoryBudget] = field(default_factory=list)
+    flops: list[FlopCount] = field(default_factory=list)
 
 
 class RankIntake:
@@ -112,6 +113,7 @@ class RankIntake:
             ended=tuple(sorted(d.ended)),
             memory=tuple(d.memory),
             died=tuple(sorted(d.died)),
+            flops=tuple(d.flops),
         )
 
     def _run(self) -> None:
@@ -208,6 +210,12 @@ class RankIntake:
                     budget = dataclasses.replace(budget, rank=state.rank)
                 with self._lock:
                     self._delta.memory.append(budget)
+            elif kind == "flops":
+                count = FlopCount.from_dict(msg["count"])
+                if self.multi_job and state.rank is not None:
+                    count = dataclasses.replace(count, rank=state.rank)
+                with self._lock:
+                    self._delta.flops.append(count)
             elif kind == "workers":
                 if self._on_workers and state.rank is not None and state.pid is not None:
                     self._on_workers(state.rank, state.pid, tuple(int(p) for p in msg["pids"]))

@@ -88,9 +88,12 @@ def job_key(job: str | None, command: Sequence[str], env: Mapping[str, str]) -> 
     return f"rdzv:{endpoint}/{opt('rdzv_id', 'none')}"
 
 
-def member_name(node: str, node_rank: int | None) -> str:
-    """A run's name in the job view: its node's name, with torchrun's node rank when known."""
-    return node if node_rank is None else f"{node}/node{node_rank}"
+def member_name(node: str, node_rank: int | str | None) -> str:
+    """A run's name in the job view: its node's name, with torchrun's node rank when known, or
+    the launcher's name for one of several runs on one node (``task1``: a SLURM task's run)."""
+    if node_rank is None:
+        return node
+    return f"{node}/{node_rank}" if isinstance(node_rank, str) else f"{node}/node{node_rank}"
 
 
 class NodeClashError(RuntimeError):
@@ -152,6 +155,7 @@ def shift_batch(batch: Batch, delta: float) -> Batch:
         nodes=move(batch.nodes),
         devices=move(batch.devices),
         memory=move(batch.memory),
+        flops=move(batch.flops),
     )
 
 
@@ -420,7 +424,7 @@ class JobViewClient:
             or batch.processes
             or batch.nodes
             or batch.devices
-            or (batch.ended or batch.memory)
+            or (batch.ended or batch.memory or batch.flops)
         ):
             if now - self._pushed < HEARTBEAT_S:
                 return

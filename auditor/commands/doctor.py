@@ -3,8 +3,10 @@
 Checks, each cheap and without side effects: NVML (bindings, library, driver, GPUs with model,
 UUID and memory), Ray (installed version; the cluster ``auditor run`` would join, decided by the
 function ``run`` calls, and whether it answers on its GCS port; never starts or joins a
-cluster), the auditor metrics endpoints given (HTTP GET), and Prometheus when a URL is
-configured (``GET /-/ready``).
+cluster), the launcher and scheduler it runs under and what ``auditor run`` takes from them for
+rank, node and job identity (:mod:`auditor.launch_env`; a command after ``--`` is the one
+``auditor run`` would start), the auditor metrics endpoints given (HTTP GET), and Prometheus
+when a URL is configured (``GET /-/ready``).
 
 A machine without a GPU is a normal answer, not an error: the report says so and the exit
 status is 0. Exit status 1 only when the report itself could not be made.
@@ -28,6 +30,7 @@ from typing import Any
 from auditor import __version__
 from auditor.cluster.address import AddressError, host_port, resolve_cluster, tcp_reachable
 from auditor.configs import DoctorConfig
+from auditor.launch_env import LAUNCHERS, identify, read_pod_labels
 from auditor.telemetry.nvml import Nvml, NvmlSource, NvmlUnavailableError
 
 SCHEMA = "auditor.doctor/v1"
@@ -144,6 +147,89 @@ def check_ray(
     return out
 
 
+# -- launcher and scheduler -----------------------------------------------------------------------
+
+
+def check_launch(
+    environ: Mapping[str, str] | None = None,
+    command: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The launcher and scheduler this process runs under (and, with ``command``, the launcher
+    ``auditor run -- command`` would start), and where rank, node and job identity come from;
+    ``labels``: the pod's (read from the downward API file where None)."""
+    env = os.environ if environ is None else environ
+    launch = identify(command, env, read_pod_labels(env) if labels is None else labels)
+    about = {spec.name: spec.about for spec in LAUNCHERS}
+    return {
+        "command": list(command),
+        "launcher": launch.launcher or None,
+        "within": launch.within,
+        "within_about": about.get(launch.within or "", ""),
+        "scheduler": launch.scheduler,
+        "rank": launch.rank,
+        "local_rank": launch.local_rank,
+        "world_size": launch.world_size,
+        "node": launch.node or socket.gethostname(),
+        "node_rank": launch.node_rank,
+        "job_id": launch.job_id,
+        "job_name": launch.job_name,
+        # What ``auditor run`` names the job (the auditor_job label) without ``--job``.
+        "job": launch.job_label,
+        "per_task": launch.per_task,
+        "job_view_key": launch.key,
+        "member": launch.member,
+        "sources": dict(launch.sources),
+    }
+
+
+def _launch_lines(info: dict[str, Any]) -> list[str]:
+    src = info["sources"]
+
+    def where(name: str) -> str:
+        return f" ({src[name]})" if name in src else ""
+
+    within = info["within"]
+    runs = f"inside {within}: {info['within_about']}" if within else "no launcher around it"
+    lines = [f"Launch      scheduler {info['scheduler']}; {runs}"]
+    if info["command"]:
+        lines.append(f"            the command starts: {info['launcher']}")
+    if info["rank"] is not None:
+        local = (
+            ""
+            if info["local_rank"] is None
+            else f", local rank {info['local_rank']}{where('local_rank')}"
+        )
+        lines.append(
+            f"            rank {info['rank']}{where('rank')} of {info['world_size']}"
+            f"{where('world_size')}{local}"
+        )
+    else:
+        lines.append("            rank: from each process's group (none set here)")
+    node_rank = "" if info["node_rank"] is None else f", node rank {info['node_rank']}"
+    lines.append(
+        f"            node {info['node']}{where('node') or ' (hostname)'}"
+        f"{node_rank}{where('node_rank')}"
+    )
+    if info["job"]:
+        name = f" ({info['job_name']})" if info["job_id"] and info["job_name"] else ""
+        lines.append(f"            job {info['job']}{name}{where('job')}: the auditor_job label")
+    elif info["scheduler"] == "slurm":
+        lines.append(
+            "            job: --job, else the script's name (srun makes the allocation after "
+            "the auditor starts: run it in sbatch or salloc for the SLURM job id)"
+        )
+    else:
+        lines.append("            job: --job, else the script's name (no scheduler names it)")
+    if info["per_task"]:
+        lines.append(
+            f"            one auditor per {'task' if within == 'srun' else 'pod'}: as "
+            f"{info['member']}, meets the others in the job view through the Ray cluster "
+            "(--address)"
+        )
+    return lines
+
+
 # -- HTTP endpoints -------------------------------------------------------------------------------
 
 
@@ -212,8 +298,11 @@ def collect(
     nvml: Nvml | None = None,
     environ: Mapping[str, str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    command: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Every check, as a JSON-serialisable dict (``nvml`` and ``environ`` for tests)."""
+    """Every check, as a JSON-serialisable dict (``nvml``, ``environ`` and ``labels`` for
+    tests); ``command``: what ``auditor run`` would start."""
     nvml_info, gpus = check_nvml(nvml)
     return {
         "schema": SCHEMA,
@@ -225,6 +314,7 @@ def collect(
         "nvml": nvml_info,
         "gpus": gpus,
         "ray": check_ray(environ, timeout_s=timeout_s),
+        "launch": check_launch(environ, command, labels),
         "metrics_endpoints": [check_metrics_endpoint(u, timeout_s=timeout_s) for u in metrics_urls],
         "prometheus": (
             check_prometheus(prometheus_url, timeout_s=timeout_s) if prometheus_url else None
@@ -288,6 +378,9 @@ def render(report: dict[str, Any]) -> str:
         else:
             lines.append(f"Ray         {ray['version']}; {ray['detail']}")
 
+    if report.get("launch"):
+        lines.extend(_launch_lines(report["launch"]))
+
     endpoints = report["metrics_endpoints"]
     if not endpoints:
         lines.append("Metrics     no auditor metrics endpoint given to check")
@@ -309,10 +402,11 @@ def main(
     metrics_urls: Sequence[str] = (),
     *,
     nvml: Nvml | None = None,
+    command: Sequence[str] = (),
 ) -> int:
     """Print the report (JSON or text). 0 when it could be made, even without a GPU; 1 if not."""
     try:
-        report = collect(prometheus_url, metrics_urls, nvml=nvml)
+        report = collect(prometheus_url, metrics_urls, nvml=nvml, command=command)
         text = json.dumps(report, indent=2) if json_output else render(report)
     except Exception as exc:  # an internal error: say it in one line, no traceback
         print(f"auditor doctor: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -323,4 +417,4 @@ def main(
 
 def doctor(cfg: DoctorConfig) -> int:
     """``auditor doctor``: the report for ``cfg`` (see :func:`main`)."""
-    return main(json_output=cfg.json, prometheus_url=cfg.prometheus_url)
+    return main(json_output=cfg.json, prometheus_url=cfg.prometheus_url, command=cfg.command)

@@ -41,6 +41,7 @@ from auditor.cluster.launcher import (
 from auditor.cluster.probing import ProbeErrors, probe_env
 from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_cluster, start_agent
 from auditor.configs import RunConfig
+from auditor.launch_env import Launch, identify, read_pod_labels, remote_ranks_note
 from auditor.liveview import LiveView, open_view
 from auditor.metrics.endpoint import RunEndpoint
 from auditor.report.applied import applied_line, plan_lines, with_plan
@@ -136,19 +137,27 @@ def _write_json(dest: str, text: str, json_fd: int | None, out: TextIO) -> None:
 
 
 def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: int | None) -> int:
-    job = cfg.job_name
     base_env = env if env is not None else os.environ
+    # Where it was launched (auditor.launch_env): a SLURM job's id or a training operator's
+    # job name names the job (``--job`` wins); one auditor per SLURM task or per pod is one of
+    # several runs of one job, which meet in the job view like the nodes of a torchrun job.
+    launch = identify(cfg.command, base_env, read_pod_labels(base_env))
+    job = cfg.job or launch.job_label or cfg.job_name
     # The Ray this run joins (None: an embedded one), decided as ``doctor`` decides it; a
     # named cluster that does not answer is refused here, before the job starts.
     cluster = None if cfg.no_ray else _cluster_to_join(cfg.address, base_env)
+    key = (job_key(cfg.job, cfg.command, base_env) or launch.key) if cluster is not None else None
     # The node's name, where its hostname does not tell nodes apart (two Ray nodes on one
     # machine, or clones with one hostname): the Ray node (auditor_node:<name> resource or Ray
-    # node name) the agent runs on, and the label of this node's ranks.
-    node_label = base_env.get("AUDITOR_NODE") or None
-    key = job_key(cfg.job, cfg.command, base_env) if cluster is not None else None
+    # node name) the agent runs on, and the label of this node's ranks (SLURM's node name for
+    # a task's run in the job view).
+    node_label = base_env.get("AUDITOR_NODE") or (launch.node if key and launch.member else None)
     # Runs of one job tell their nodes apart by torchrun's node rank too (two torchrun agents
-    # of one job on one host share the hostname), unless the user named the node.
-    group = None if node_label or key is None else node_rank(cfg.command, base_env)
+    # of one job on one host share the hostname), or the launcher's task (two SLURM tasks, or
+    # two pods, on one host), unless the user named the node.
+    group: int | str | None = None
+    if key is not None and not base_env.get("AUDITOR_NODE"):
+        group = launch.member or node_rank(cfg.command, base_env)
     # The run's endpoint is bound first: a port that is taken is refused before the job starts.
     endpoint = _open_endpoint(cfg, job, node_label)
     # So is an events file that cannot be written.
@@ -179,6 +188,12 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
     signals.install()
     started = time.time()
     notes: list[str] = []
+    if launch.per_task and key is None:
+        notes.append(alone_note(launch))
+        print(f"auditor: {notes[-1]}", file=out)
+    if remote_ranks_note(launch):
+        notes.append(str(remote_ranks_note(launch)))
+        print(f"auditor: {notes[-1]}", file=out)
     agent: AgentHandle | None = None
     recorder = (
         RecordingWriter(cfg.record, job=job, meta={"command": list(cfg.command)})
@@ -339,6 +354,16 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
     return exit_status(exit_code, report, cfg.fail_on)
 
 
+def alone_note(launch: Launch) -> str:
+    """One of several runs of a job (a SLURM task's, a pod's) with no job view to meet in."""
+    what = f"SLURM job {launch.job_id}" if launch.within == "srun" else (launch.job_name or "")
+    return (
+        f"rank {launch.rank} of {launch.world_size} of {what or 'a job'} ({launch.within}) with "
+        "no Ray cluster to meet the others in (--address or RAY_ADDRESS): this run judges its "
+        "own ranks only"
+    )
+
+
 # ``auditor run``'s exit status when the cluster it was told to join could not be joined.
 JOIN_FAILED_EXIT = 1
 
@@ -467,9 +492,14 @@ class _Link:
                 print(f"auditor: {line}", file=self.out)
 
     def start(
-        self, agent: AgentHandle, key: str | None, node: str | None, group: int | None = None
+        self,
+        agent: AgentHandle,
+        key: str | None,
+        node: str | None,
+        group: int | str | None = None,
     ) -> None:
-        """``group``: torchrun's node rank of this run, part of its name in the job view."""
+        """``group``: torchrun's node rank of this run (or its launcher's task, ``task1``),
+        part of its name in the job view."""
         self.agent = agent
         ray_node_id = getattr(agent, "ray_node_id", None)
         if key is None or ray_node_id is None:
@@ -563,6 +593,7 @@ def _live_loop(
         findings = verdict.findings
         if link.endpoint is not None:
             link.endpoint.set_findings(findings)
+            link.endpoint.set_work(snap)
             try:
                 link.endpoint.set_gpus(link.agent.gpus())
             except Exception:

@@ -105,8 +105,8 @@ UNIT_SUFFIX: dict[str, str] = {
 }
 
 # The most series the ``auditor_rank_*`` metrics may produce for one rank: keeps a 1000-rank job
-# at a size Prometheus takes without thought.
-RANK_SERIES_BUDGET = 30
+# at a size Prometheus takes without thought (36 000 series).
+RANK_SERIES_BUDGET = 36
 # The most series the ``auditor_gpu_*`` metrics may produce for one GPU.
 GPU_SERIES_BUDGET = 40
 
@@ -220,6 +220,34 @@ RANK_MEMORY_BUDGET_BYTES = MetricSpec(
     "buffers, other_modules (modules outside the model) and activations (one sampled step's "
     "saved tensors). No series where the probe sent no budget.",
     labels=(*RANK, "part"),
+)
+
+# --- per rank: model FLOPs (counted on a sampled step, auditor.analysis.mfu) ----------------------
+RANK_FLOPS_PER_STEP = MetricSpec(
+    name="auditor_rank_flops_per_step",
+    type="gauge",
+    unit="",
+    help="Model FLOPs of one optimizer step of the rank (forward and backward of every "
+    "micro-batch), counted from the operations that ran on a sampled step. No series before a "
+    "step was counted.",
+    labels=RANK,
+)
+RANK_FLOPS_PER_SECOND = MetricSpec(
+    name="auditor_rank_flops_per_second",
+    type="gauge",
+    unit="",
+    help="Model FLOPs the live rank achieves per second: its FLOPs per step over its step time "
+    "(the latest verdict's window). No series before a step was counted.",
+    labels=RANK,
+)
+RANK_MFU_RATIO = MetricSpec(
+    name="auditor_rank_mfu_ratio",
+    type="gauge",
+    unit="ratio",
+    help="Model FLOPs utilisation of the live rank, 0..1: achieved FLOP/s over its device's dense "
+    "peak for the dtypes its FLOPs ran in. No series on a CPU, on a device the peak table does "
+    "not know, or before a step was counted.",
+    labels=RANK,
 )
 
 # --- per rank: CPU and DataLoader -----------------------------------------------------------------
@@ -425,6 +453,28 @@ GPU_PROCESSES = MetricSpec(
     help="Processes holding memory on the GPU.",
     labels=GPU,
 )
+# dcgm-exporter's profiling (DCP) fields, recorded under the auditor's GPU labels by the rules of
+# ``auditor.ops.recording`` (DCGM_RULES) where dcgm-exporter exports them. The auditor's NVML
+# monitors do not measure them: no node endpoint exports these, and they are outside the GPU
+# series budget (:func:`gpu_specs`).
+GPU_SM_ACTIVE_RATIO = MetricSpec(
+    name="auditor_gpu_sm_active_ratio",
+    type="gauge",
+    unit="ratio",
+    help="Share of cycles an SM had at least one warp assigned, averaged over the SMs, 0..1 "
+    "(dcgm-exporter's DCGM_FI_PROF_SM_ACTIVE, recorded by the auditor's rules).",
+    labels=GPU,
+)
+GPU_TENSOR_PIPE_ACTIVE_RATIO = MetricSpec(
+    name="auditor_gpu_tensor_pipe_active_ratio",
+    type="gauge",
+    unit="ratio",
+    help="Share of cycles the tensor (HMMA) pipe was active, 0..1 (dcgm-exporter's "
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, recorded by the auditor's rules).",
+    labels=GPU,
+)
+DCGM_ONLY: tuple[MetricSpec, ...] = (GPU_SM_ACTIVE_RATIO, GPU_TENSOR_PIPE_ACTIVE_RATIO)
+
 # From the rank's own word (the CUDA UUIDs its probe read), not from a GPU monitor: exported
 # with or without the auditor's monitors, so another GPU source (dcgm-exporter, whose series carry
 # ``UUID`` and ``Hostname``) can be joined to the job's ranks by UUID.
@@ -479,6 +529,15 @@ JOB_IMBALANCE_RATIO = MetricSpec(
     unit="ratio",
     help="1 - fastest/slowest local step time across the job's ranks over the analysis window "
     "(time the least-loaded rank waits at each step, as a share); 0 = balanced.",
+    labels=(JOB_LABEL,),
+)
+JOB_MFU_RATIO = MetricSpec(
+    name="auditor_job_mfu_ratio",
+    type="gauge",
+    unit="ratio",
+    help="Model FLOPs utilisation of the whole job, 0..1: the time its counted FLOPs would take "
+    "at its devices' dense peaks over its step time. No series where it is not known (a CPU "
+    "job, a device the peak table does not know, no step counted yet).",
     labels=(JOB_LABEL,),
 )
 JOB_RANKS = MetricSpec(
@@ -560,6 +619,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     RANK_BATCH_SIZE,
     RANK_MEMORY_BYTES,
     RANK_MEMORY_BUDGET_BYTES,
+    RANK_FLOPS_PER_STEP,
+    RANK_FLOPS_PER_SECOND,
+    RANK_MFU_RATIO,
     RANK_CPU_CORES,
     RANK_DATALOADER_WORKERS,
     RANK_DATALOADER_CONFIG_WORKERS,
@@ -587,12 +649,15 @@ CATALOG: tuple[MetricSpec, ...] = (
     GPU_PCIE_LINK_WIDTH,
     GPU_PCIE_LINK_WIDTH_MAX,
     GPU_PROCESSES,
+    GPU_SM_ACTIVE_RATIO,
+    GPU_TENSOR_PIPE_ACTIVE_RATIO,
     GPU_OWNER_INFO,
     FINDING,
     FINDING_PREDICTED_SPEEDUP,
     FINDING_FIX_INFO,
     FINDING_MEMORY_FULL_SECONDS,
     JOB_IMBALANCE_RATIO,
+    JOB_MFU_RATIO,
     JOB_RANKS,
     JOB_PREDICTED_SPEEDUP,
     SERVE_PROMETHEUS_UP,
@@ -623,9 +688,12 @@ def rank_specs() -> tuple[MetricSpec, ...]:
 def gpu_specs() -> tuple[MetricSpec, ...]:
     """The per-GPU metrics a GPU's monitor exports: the ones counted against
     :data:`GPU_SERIES_BUDGET` (``auditor_gpu_owner_info`` is the ranks' word, one series per
-    rank that uses the GPU, exported whether or not a monitor runs)."""
+    rank that uses the GPU, exported whether or not a monitor runs; :data:`DCGM_ONLY` are
+    recorded from dcgm-exporter, never exported by a monitor)."""
     return tuple(
-        s for s in CATALOG if s.name.startswith(PREFIX + "gpu_") and s is not GPU_OWNER_INFO
+        s
+        for s in CATALOG
+        if s.name.startswith(PREFIX + "gpu_") and s is not GPU_OWNER_INFO and s not in DCGM_ONLY
     )
 
 

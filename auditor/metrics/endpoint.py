@@ -15,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from auditor.analysis.findings import Finding
+from auditor.analysis.mfu import job_mfu, rank_flops
+from auditor.analysis.snapshot import Snapshot
 from auditor.metrics.exporter import make_registry, serve, stop
-from auditor.metrics.state import ExportState, GpuStatus, apply_batch
+from auditor.metrics.state import ExportState, GpuStatus, apply_batch, with_work
 from auditor.samples import Batch
 
 
@@ -58,6 +60,14 @@ class RunEndpoint:
 
     def set_findings(self, findings: Sequence[Finding]) -> None:
         self.state.findings[:] = list(findings)
+
+    def set_work(self, snapshot: Snapshot) -> None:
+        """The counted work of the snapshot a verdict judged: each rank's FLOPs per step,
+        FLOP/s and MFU and the job's MFU (:mod:`auditor.analysis.mfu`), exported until the next
+        verdict. This node's ranks only (the others are their nodes' to export); the job's MFU
+        is the job's, the same on every node."""
+        flops = rank_flops(snapshot)
+        self.state = with_work(self.state, flops, job_mfu(snapshot, flops=flops) if flops else None)
 
     def close(self) -> None:
         stop(self._server)

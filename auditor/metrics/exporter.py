@@ -94,6 +94,7 @@ def render(state: ExportState) -> list[Metric]:
     cpu = dict(state.cpu)
     ended = set(state.ended)
     findings = list(state.findings)
+    flops = dict(state.flops)
     out = SeriesSet()
 
     # Only ranks that introduced themselves: label sets (local_rank, node) stay stable. ``rank``
@@ -184,12 +185,27 @@ def render(state: ExportState) -> list[Metric]:
                 if value is not None:
                     out.add(C.RANK_MEMORY_BUDGET_BYTES, {**base, "part": part}, value)
 
+        # The counted work is filed by rank number: only a rank keyed by it (not a fleet
+        # agent's key per job and rank) is the verdict's rank of that number.
+        work = flops.get(rank) if rank == info.rank else None
+        if work is not None:
+            out.add(C.RANK_FLOPS_PER_STEP, base, work.flops_per_step)
+            # The rank's pace and MFU are its present, which an ended rank no longer has.
+            if rank not in ended:
+                if work.flops_per_s is not None:
+                    out.add(C.RANK_FLOPS_PER_SECOND, base, work.flops_per_s)
+                if work.mfu is not None:
+                    out.add(C.RANK_MFU_RATIO, base, work.mfu)
+
     node_cpu = state.node_cpu
     if node_cpu is not None:
         node = {C.JOB_LABEL: state.job, "node": node_cpu.host or state.node}
         out.add(C.NODE_CPU_CORES, node, node_cpu.cores)
         out.add(C.NODE_CPU_BUSY_CORES, node, node_cpu.busy_cores)
         out.add(C.NODE_LOAD1, node, node_cpu.load1)
+
+    if state.job_mfu is not None:
+        out.add(C.JOB_MFU_RATIO, {C.JOB_LABEL: state.job}, state.job_mfu)
 
     gpus = dict(state.gpus)
     live_ranks = {r: i for r, i in infos.items() if r not in ended}

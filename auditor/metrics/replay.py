@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from auditor.samples import (
     Batch,
     DeviceSample,
+    FlopCount,
     MemoryBudget,
     NodeCpu,
     ProcessCpu,
@@ -92,6 +93,7 @@ def select_node(batch: Batch, node: str | None = None) -> tuple[str, Batch]:
         devices=tuple(d for d in batch.devices if d.node in ("", node)),
         ended=tuple(r for r in batch.ended if r in ranks),
         memory=tuple(m for m in batch.memory if m.rank in ranks),
+        flops=tuple(f for f in batch.flops if f.rank in ranks),
     )
 
 
@@ -150,6 +152,8 @@ def make_ticks(batch: Batch, tick_s: float = DEFAULT_TICK_S) -> list[Tick]:
         at(index(d.time)).devices.append(d)
     for m in sorted(batch.memory, key=lambda m: (m.time, m.rank)):
         at(index(m.time)).memory.append(m)
+    for f in sorted(batch.flops, key=lambda f: (f.time, f.rank)):
+        at(index(f.time)).flops.append(f)
     at(max(ticks)).ended.extend(batch.ended)
     return [Tick(at=t0 + k * tick_s, batch=ticks[k].build()) for k in sorted(ticks)]
 
@@ -163,6 +167,7 @@ class _TickBuilder:
     devices: list[DeviceSample] = field(default_factory=list)
     ended: list[int] = field(default_factory=list)
     memory: list[MemoryBudget] = field(default_factory=list)
+    flops: list[FlopCount] = field(default_factory=list)
 
     def build(self) -> Batch:
         return Batch(
@@ -173,6 +178,7 @@ class _TickBuilder:
             devices=tuple(self.devices),
             ended=tuple(self.ended),
             memory=tuple(self.memory),
+            flops=tuple(self.flops),
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from auditor.analysis.findings import Finding
+from auditor.analysis.mfu import JobMfu, RankFlops
 from auditor.samples import (
     PHASES,
     Batch,
@@ -96,6 +97,11 @@ class ExportState:
     gpus: dict[str, GpuStatus] = field(default_factory=dict)
     # The latest measured memory budget per rank (``auditor.probe.memory``).
     memory: dict[int, MemoryBudget] = field(default_factory=dict)
+    # The ranks' counted work as the latest verdict judged it (``auditor.analysis.mfu``), by
+    # rank number: FLOPs per step, FLOP/s and MFU; and the job's MFU. Empty and None until a
+    # rank counted its FLOPs; the MFUs stay None on a CPU or a device the peak table lacks.
+    flops: dict[int, RankFlops] = field(default_factory=dict)
+    job_mfu: float | None = None
 
 
 def gpu_owner(gpu: GpuStatus, ranks: Mapping[int, RankInfo]) -> RankInfo | None:
@@ -147,3 +153,15 @@ def apply_batch(state: ExportState, batch: Batch) -> ExportState:
         newest = max(batch.nodes, key=lambda n: n.time)
         return dataclasses.replace(state, node_cpu=newest)
     return state
+
+
+def with_work(
+    state: ExportState, flops: Mapping[int, RankFlops], job: JobMfu | None
+) -> ExportState:
+    """``state`` with the counted work of a verdict: each rank's figures
+    (:func:`auditor.analysis.mfu.rank_flops`) and the job's MFU (:func:`~auditor.analysis.mfu.
+    job_mfu`). A new state, swapped in whole, so a scrape never sees one verdict's ranks beside
+    another's job figure."""
+    return dataclasses.replace(
+        state, flops=dict(flops), job_mfu=job.mfu if job is not None else None
+    )

@@ -39,9 +39,30 @@ SCRAPE_JOB_NAME = re.compile(r"^[A-Za-z0-9_:/-]+$")
 # A job holding this many GPUs on one node is a multi-GPU allocation worth auditing; one GPU that
 # is underused is a smaller problem with other causes (a notebook, a debug run).
 UNDERUSED_MIN_GPUS = 2
-# Mean 5-minute busy time below which a job's GPUs on a node count as underused: half of the
-# time no kernel ran on the average GPU.
+# What a job's GPUs on a node achieve, by the best measure known there (recording.py's
+# auditor:node_job_achieved:avg5m), and the 5-minute mean below which they count as underused.
+# Model FLOPs utilisation, where the auditor runs in the job: a twentieth of the devices' dense
+# peak for the dtypes the FLOPs ran in. Tuned transformer training reaches 30-60% and most
+# convolutional nets well above 5%: below it the GPUs do a small part of what they could, whatever
+# their busy time says.
+UNDERUSED_MFU = 0.05
+# DCGM's tensor pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE): the pipe idle nine cycles in
+# ten. It counts cycles the pipe issued at all, so the same work reads higher here than as MFU;
+# matmuls in fp32 with TF32 off never use it and read 0, however busy the GPU.
+UNDERUSED_TENSOR_PIPE_ACTIVE = 0.1
+# DCGM's SM activity (DCGM_FI_PROF_SM_ACTIVE): half the SMs' cycles without a warp, the SM-level
+# analogue of the busy-time threshold below (small kernels that occupy a few SMs read low here
+# while NVML reads 100%).
+UNDERUSED_SM_ACTIVE = 0.5
+# NVML's busy time, the measure of last resort (neither MFU nor DCGM's profiling known): half of
+# the time no kernel ran on the average GPU.
 UNDERUSED_UTILIZATION = 0.5
+UNDERUSED_THRESHOLDS: dict[str, float] = {
+    R.MEASURE_MFU: UNDERUSED_MFU,
+    R.MEASURE_TENSOR_PIPE: UNDERUSED_TENSOR_PIPE_ACTIVE,
+    R.MEASURE_SM_ACTIVE: UNDERUSED_SM_ACTIVE,
+    R.MEASURE_UTILIZATION: UNDERUSED_UTILIZATION,
+}
 UNDERUSED_FOR = "15m"
 # Busiest minus idlest GPU of one job (5-minute busy time) above which the load is uneven: the
 # 90% vs 50% case practitioners recognise is 0.4; 0.3 leaves room for normal jitter.
@@ -189,29 +210,85 @@ class AlertRule:
         }
 
 
+def _by_measure(texts: dict[str, str]) -> str:
+    """A template choosing the text of the alert's ``measure`` label (the last one: otherwise)."""
+    *named, (_, last) = texts.items()
+    out = ""
+    for i, (measure, text) in enumerate(named):
+        out += f'{{{{ {"if" if i == 0 else "else if"} eq $labels.measure "{measure}" }}}}{text}'
+    return f"{out}{{{{ else }}}}{last}{{{{ end }}}}"
+
+
+_ACHIEVED = R.NODE_JOB_ACHIEVED_AVG.record
+_UNDERUSED_WHERE = " or ".join(
+    f'{_ACHIEVED}{{{R.MEASURE_LABEL}="{measure}"}} < {threshold}'
+    for measure, threshold in UNDERUSED_THRESHOLDS.items()
+)
+_JOB_ON_NODE = f"job {_label('auditor_job')} holds on node {_label('node')}"
+_MEAN = "mean of the last 5 minutes, threshold"
 UNDERUSED_MULTI_GPU_NODE = AlertRule(
     name="AuditorUnderusedMultiGpuNode",
     expr=(
-        f"{R.NODE_JOB_GPU_UTILIZATION_AVG.record} < {UNDERUSED_UTILIZATION}"
+        f"({_UNDERUSED_WHERE})"
         f" and on (node, auditor_job) ({R.NODE_JOB_GPUS.record} >= {UNDERUSED_MIN_GPUS})"
     ),
     for_=UNDERUSED_FOR,
     severity="warning",
-    summary=f"Job {_label('auditor_job')} keeps its GPUs on node {_label('node')} mostly idle",
-    description=(
-        f"The GPUs job {_label('auditor_job')} holds on node {_label('node')} were busy"
-        f" {_PCT} of the time (mean of the last 5 minutes, threshold"
-        f" {_pct(UNDERUSED_UTILIZATION)}) for"
-        f" {UNDERUSED_FOR}. The node's GPUs wait for something else: data, the host or one slow"
-        " rank. What to change:"
+    summary=(
+        f"Job {_label('auditor_job')} underuses its GPUs on node {_label('node')} ("
+        + _by_measure(
+            {
+                R.MEASURE_MFU: f"MFU {_PCT}",
+                R.MEASURE_TENSOR_PIPE: f"tensor pipe active {_PCT}",
+                R.MEASURE_SM_ACTIVE: f"SM active {_PCT}",
+                R.MEASURE_UTILIZATION: f"busy {_PCT}",
+            }
+        )
+        + ")"
+    ),
+    description=_by_measure(
+        {
+            R.MEASURE_MFU: (
+                f"The GPUs {_JOB_ON_NODE} achieved {_PCT} of their peak FLOP/s: model FLOPs"
+                " utilisation, the job's FLOPs the auditor counted in its ranks over the"
+                " devices' dense peak for the dtypes they ran in"
+                f" ({_MEAN} {_pct(UNDERUSED_MFU)})"
+            ),
+            R.MEASURE_TENSOR_PIPE: (
+                f"The tensor pipes of the GPUs {_JOB_ON_NODE} were active {_PCT} of their"
+                " cycles: dcgm-exporter's DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, the job reporting no"
+                f" MFU ({_MEAN} {_pct(UNDERUSED_TENSOR_PIPE_ACTIVE)})"
+            ),
+            R.MEASURE_SM_ACTIVE: (
+                f"The SMs of the GPUs {_JOB_ON_NODE} had work {_PCT} of their cycles:"
+                " dcgm-exporter's DCGM_FI_PROF_SM_ACTIVE, neither MFU nor tensor pipe activity"
+                f" known ({_MEAN} {_pct(UNDERUSED_SM_ACTIVE)})"
+            ),
+            R.MEASURE_UTILIZATION: (
+                f"The GPUs {_JOB_ON_NODE} were busy {_PCT} of the time: NVML utilisation, the"
+                " share of time any kernel ran, neither MFU nor DCGM's profiling counters known"
+                f" ({_MEAN} {_pct(UNDERUSED_UTILIZATION)})"
+            ),
+        }
+    )
+    + (
+        f" for {UNDERUSED_FOR}. They wait for something else (data, the host, one slow rank) or"
+        " run below their speed (fp32 matmuls where bf16 or TF32 would serve, batches too small"
+        " to fill them). What to change:"
     ),
     fix=_NODE_FIXES,
     doc=(
-        f"Fires when a job holding >= {UNDERUSED_MIN_GPUS} GPUs on one node keeps their mean"
-        f" 5-minute busy time below {UNDERUSED_UTILIZATION}. The 5-minute average already smooths"
-        f" single steps; {UNDERUSED_FOR} of it more is what makes the waste worth an"
-        " operator's time (a warm-up, a checkpoint or a validation pass ends sooner). A job with"
-        " one GPU on the node never fires."
+        f"Fires when a job holding >= {UNDERUSED_MIN_GPUS} GPUs on one node achieves little on"
+        " them by the best measure known there (recording.py's auditor:node_job_achieved:avg5m,"
+        " its measure label in the alert): model FLOPs utilisation below"
+        f" {UNDERUSED_MFU} where the auditor runs in the job; else DCGM's tensor pipe activity"
+        f" below {UNDERUSED_TENSOR_PIPE_ACTIVE}; else DCGM's SM activity below"
+        f" {UNDERUSED_SM_ACTIVE}; else NVML's busy time below {UNDERUSED_UTILIZATION}, an"
+        " occupancy flag that reads 100% for a GPU running small fp32 kernels. The 5-minute"
+        f" average already smooths single steps; {UNDERUSED_FOR} of it more is what makes the"
+        " waste worth an operator's time (a warm-up, a checkpoint or a validation pass ends"
+        " sooner). A change of measure (MFU appearing once a step is counted) starts the"
+        " `for:` again. A job with one GPU on the node never fires."
     ),
 )
 

@@ -117,6 +117,68 @@ JOB_GPU_UTILIZATION_SPREAD = RecordingRule(
     help="Busiest minus idlest GPU of one job (5-minute busy time), 0..1.",
 )
 
+# --- achieved work: what AuditorUnderusedMultiGpuNode judges --------------------------------------
+# The GPUs a job holds on a node did how much of what they could, by the best measure known there,
+# in this order: the job's model FLOPs utilisation (the auditor runs in the job and counted its
+# FLOPs), dcgm-exporter's tensor pipe activity, its SM activity, and NVML's busy time (the share
+# of time any kernel ran: an occupancy flag, the measure of last resort). Each is a 5-minute mean
+# over the node's GPUs (or ranks, for MFU) of that job.
+MEASURE_LABEL = "measure"
+MEASURE_MFU = "mfu"
+MEASURE_TENSOR_PIPE = "tensor_pipe_active"
+MEASURE_SM_ACTIVE = "sm_active"
+MEASURE_UTILIZATION = "gpu_utilization"
+MEASURES = (MEASURE_MFU, MEASURE_TENSOR_PIPE, MEASURE_SM_ACTIVE, MEASURE_UTILIZATION)
+
+NODE_JOB_MFU_AVG = RecordingRule(
+    record="auditor:node_job_mfu:avg5m",
+    expr=f"avg by (node, auditor_job) (avg_over_time({C.RANK_MFU_RATIO.name}[{GPU_WINDOW}]))",
+    help="Mean 5-minute model FLOPs utilisation of one job's ranks on one node, 0..1.",
+)
+GPU_TENSOR_PIPE_ACTIVE_AVG = RecordingRule(
+    record="auditor:gpu_tensor_pipe_active:avg5m",
+    expr=f"avg_over_time({C.GPU_TENSOR_PIPE_ACTIVE_RATIO.name}[{GPU_WINDOW}])",
+    help="Tensor pipe activity of each GPU (dcgm-exporter) averaged over 5 minutes, 0..1.",
+)
+NODE_JOB_TENSOR_PIPE_ACTIVE_AVG = RecordingRule(
+    record="auditor:node_job_tensor_pipe_active:avg5m",
+    expr=f'avg by (node, auditor_job) ({GPU_TENSOR_PIPE_ACTIVE_AVG.record}{{auditor_job!=""}})',
+    help="Mean 5-minute tensor pipe activity of the GPUs one job holds on one node, 0..1.",
+)
+GPU_SM_ACTIVE_AVG = RecordingRule(
+    record="auditor:gpu_sm_active:avg5m",
+    expr=f"avg_over_time({C.GPU_SM_ACTIVE_RATIO.name}[{GPU_WINDOW}])",
+    help="SM activity of each GPU (dcgm-exporter) averaged over 5 minutes, 0..1.",
+)
+NODE_JOB_SM_ACTIVE_AVG = RecordingRule(
+    record="auditor:node_job_sm_active:avg5m",
+    expr=f'avg by (node, auditor_job) ({GPU_SM_ACTIVE_AVG.record}{{auditor_job!=""}})',
+    help="Mean 5-minute SM activity of the GPUs one job holds on one node, 0..1.",
+)
+
+
+def _measured(record: str, measure: str) -> str:
+    return f'label_replace({record}, "{MEASURE_LABEL}", "{measure}", "", "")'
+
+
+NODE_JOB_ACHIEVED_AVG = RecordingRule(
+    record="auditor:node_job_achieved:avg5m",
+    # `or on (node, auditor_job)`: a measure counts only where no better one is known for that
+    # job on that node (the measure label differs, so a plain `or` would keep them all).
+    expr=" or on (node, auditor_job) ".join(
+        _measured(record, measure)
+        for record, measure in (
+            (NODE_JOB_MFU_AVG.record, MEASURE_MFU),
+            (NODE_JOB_TENSOR_PIPE_ACTIVE_AVG.record, MEASURE_TENSOR_PIPE),
+            (NODE_JOB_SM_ACTIVE_AVG.record, MEASURE_SM_ACTIVE),
+            (NODE_JOB_GPU_UTILIZATION_AVG.record, MEASURE_UTILIZATION),
+        )
+    ),
+    help="What one job's GPUs on one node achieved (5-minute mean, 0..1) by the best measure "
+    "known there, named by the measure label: mfu, tensor_pipe_active, sm_active or "
+    "gpu_utilization.",
+)
+
 # Order matters: Prometheus evaluates a group's rules in order, so a rule reading another
 # recorded series comes after it and sees the same evaluation's value.
 RECORDING_RULES: tuple[RecordingRule, ...] = (
@@ -133,6 +195,12 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     JOB_GPUS,
     JOB_GPU_UTILIZATION_AVG,
     JOB_GPU_UTILIZATION_SPREAD,
+    NODE_JOB_MFU_AVG,
+    GPU_TENSOR_PIPE_ACTIVE_AVG,
+    NODE_JOB_TENSOR_PIPE_ACTIVE_AVG,
+    GPU_SM_ACTIVE_AVG,
+    NODE_JOB_SM_ACTIVE_AVG,
+    NODE_JOB_ACHIEVED_AVG,
 )
 
 RECORDED: dict[str, RecordingRule] = {r.record: r for r in RECORDING_RULES}
@@ -152,17 +220,20 @@ _dcgm_owner = (
 _dcgm_scraped = f'{_gpu_up}{{job!=""}}'
 
 
-def _dcgm(expr: str, scale: float = 1.0) -> str:
-    """``expr`` (of dcgm-exporter's series) per GPU with the auditor's labels and owner."""
+def _dcgm(expr: str, scale: float = 1.0, *, exclusive: bool = True) -> str:
+    """``expr`` (of dcgm-exporter's series) per GPU with the auditor's labels and owner.
+    ``exclusive``: left out for a GPU the auditor's monitors export (a field they measure too);
+    a field only DCGM measures (profiling) is recorded for every GPU."""
     from auditor.metrics.dcgm import with_auditor_labels
 
     gpu = f"max by (node, gpu, uuid, model) ({with_auditor_labels(expr)})"
     if scale != 1.0:
         gpu = f"{gpu} * {scale!r}"
-    return (
-        f"(({gpu}) * on (uuid) group_left ({C.JOB_LABEL}, rank, node) {_dcgm_owner}"
-        f" or on (uuid) ({gpu})) unless on (uuid) {_dcgm_scraped}"
+    owned = (
+        f"({gpu}) * on (uuid) group_left ({C.JOB_LABEL}, rank, node) {_dcgm_owner}"
+        f" or on (uuid) ({gpu})"
     )
+    return f"({owned}) unless on (uuid) {_dcgm_scraped}" if exclusive else owned
 
 
 def _dcgm_rules() -> tuple[RecordingRule, ...]:
@@ -203,6 +274,15 @@ def _dcgm_rules() -> tuple[RecordingRule, ...]:
                     f"{field.name} in the auditor's unit.",
                 )
             )
+    for field in D.PROFILING_FIELDS:
+        rules.append(
+            RecordingRule(
+                field.auditor,
+                _dcgm(field.name, field.scale, exclusive=False),
+                f"{field.name} (a ratio already), for every GPU: the auditor's monitors do"
+                " not measure it.",
+            )
+        )
     reasons = '{__name__=~"' + "|".join(D.THROTTLE_FIELDS) + '"}'
     rules.append(
         RecordingRule(

@@ -162,6 +162,9 @@ class PendingStep:
     ddp_wait_s: float | None
     collectives_seen: bool
     spans: list[Span] = field(default_factory=list)
+    # Bytes each collective carried this step (NCCL-tests' size: what the bus bandwidth is
+    # computed from), by the name its time is booked under.
+    coll_bytes: dict[str, int] = field(default_factory=dict)
     memory: tuple[int | None, int | None, int | None] = (None, None, None)
     # The DataLoader batches of known size the step consumed (its micro-batches; several under
     # gradient accumulation); 1 where it saw none.
@@ -264,6 +267,7 @@ class StepClock:
         self._cw_done = 0.0
         self._cw_seen = False
         self._coll_seen = False
+        self._coll_bytes: dict[str, int] = {}
         self._in_data = False
         self._data_outside = False
         self._data_marks: list[tuple[Any, Any]] = []
@@ -425,13 +429,16 @@ class StepClock:
         if not self.saw_loader:
             self._close(self._now())
 
-    def collective_begin(self, name: str) -> None:
-        """A collective call (or a wait on an async one's ``Work``) starts: the rank waits."""
+    def collective_begin(self, name: str, nbytes: int | None = None) -> None:
+        """A collective call (or a wait on an async one's ``Work``) starts: the rank waits.
+        ``nbytes``: the bytes it carries (None: not known, e.g. pickled objects)."""
         if self._start is None:
             self._begin()
         self._coll_seen = True
         # A collective inside the loader's own ``__next__`` is part of the data wait already.
         self._open(PHASE_COLLECTIVE, name, counted=not self._in_data)
+        if nbytes and not self._in_data:
+            self._coll_bytes[name] = self._coll_bytes.get(name, 0) + nbytes
 
     def collective_end(self) -> None:
         self._close_phase(PHASE_COLLECTIVE)
@@ -466,9 +473,12 @@ class StepClock:
         """Inside named outside work."""
         return self._outside_depth > 0
 
-    def bucket_launched(self) -> float:
-        """A gradient bucket is ready on this rank and its all-reduce starts (comm hook)."""
+    def bucket_launched(self, nbytes: int | None = None) -> float:
+        """A gradient bucket is ready on this rank and its all-reduce starts (comm hook);
+        ``nbytes``: the bucket's size."""
         t = self._now()
+        if nbytes:
+            self._coll_bytes[DDP_ALLREDUCE] = self._coll_bytes.get(DDP_ALLREDUCE, 0) + nbytes
         self._cw_launch = max(self._cw_launch, t)
         self._cw_seen = True
         if self._dev:
@@ -527,6 +537,7 @@ class StepClock:
                 ddp_wait_s=ddp,
                 collectives_seen=self._coll_seen,
                 spans=self._spans,
+                coll_bytes=self._coll_bytes,
                 memory=self._memory() if self._memory else (None, None, None),
                 micro_batches=max(1, self._batches),
                 start_mark=start_mark,
@@ -610,6 +621,7 @@ class StepClock:
             mem_peak_bytes=peak,
             data_cpu_s=p.data_cpu_s,
             collective_ops=ops if measured else None,
+            collective_bytes=(p.coll_bytes or None) if measured else None,
             micro_batches=p.micro_batches,
             outside=outside or None,
         )

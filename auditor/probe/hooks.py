@@ -2,8 +2,9 @@
 
 :func:`attach` makes the rank's :class:`~auditor.probe.probe.Probe` and installs the torch
 patches it installs (``auditor.probe.patches``, one module per patch: data loading, forward,
-backward, optimizer, DDP comm hook, DataParallel, collectives, host-to-device copies, and the
-named work outside the phases: checkpoint saves, evaluation).
+backward, optimizer, DDP comm hook, DataParallel, collectives, host-to-device copies, the
+DeepSpeed engine's backward and step, and the named work outside the phases: checkpoint saves,
+evaluation).
 
 Everything is wrapped in ``try``: if a hook cannot attach, the job runs untouched and the phase
 is reported as not measured.
@@ -21,6 +22,7 @@ from .patches.collectives import hook_collectives
 from .patches.dataloader import hook_dataloader
 from .patches.dataparallel import hook_dataparallel
 from .patches.ddp import hook_ddp
+from .patches.deepspeed import hook_deepspeed
 from .patches.evaluation import hook_evaluation
 from .patches.forward import hook_forward
 from .patches.h2d import hook_h2d
@@ -52,6 +54,7 @@ def attach(torch: Any, *, sink_path: str | None = None, job: str = "") -> Probe 
         ("dataparallel", hook_dataparallel),
         ("checkpoint", hook_checkpoint),
         ("evaluation", hook_evaluation),
+        ("deepspeed", hook_deepspeed),
     ):
         try:
             fn(probe, torch)

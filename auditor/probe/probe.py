@@ -21,12 +21,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from auditor.launch_env import identify, rank_from_env
 from auditor.samples import OFF_THREAD_COLLECTIVES, LoaderConfig, RankInfo
 
-from .batches import batch_size_of
 from .clock import CpuTimer, CudaTimer, StepClock
+from .flops import COUNT_AT_STEP, FlopMeter, shape_of
 from .memory import ACTIVATIONS_EVERY, MemoryMeter
-from .sink import Sink, memory_message, step_message
+from .sink import Sink, flops_message, memory_message, step_message
 
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
 _N = TypeVar("_N", int, float)
@@ -112,6 +113,18 @@ class Probe:
                 device=lambda: self.device,
                 activations_every=_env_number("AUDITOR_PROBE_MEMORY_EVERY", ACTIVATIONS_EVERY, int),
             )
+        # FLOPs per step, counted on a sampled step (auditor.probe.flops): on unless
+        # AUDITOR_PROBE_FLOPS=0.
+        self.flops: FlopMeter | None = None
+        if os.environ.get("AUDITOR_PROBE_FLOPS", "1") != "0":
+            self.flops = FlopMeter(
+                torch,
+                rank=self.rank,
+                step=lambda: self.clock.steps,
+                outside=lambda: self.clock.outside,
+                device=lambda: self.device,
+                at_step=_env_number("AUDITOR_PROBE_FLOPS_STEP", COUNT_AT_STEP, int),
+            )
         self.sink = Sink(
             self.sink_path,
             collect=self._collect,
@@ -150,17 +163,17 @@ class Probe:
 
     def rank(self) -> int:
         group = self._group()
-        return group[0] if group else int(os.environ.get("RANK", "0"))
+        return group[0] if group else (rank_from_env(os.environ)[0] or 0)
 
     def world_size(self) -> int:
         group = self._group()
-        return group[1] if group else int(os.environ.get("WORLD_SIZE", "1"))
+        return group[1] if group else (rank_from_env(os.environ)[1] or 1)
 
     def info(self) -> RankInfo:
         return RankInfo(
             rank=self.rank(),
             world_size=self.world_size(),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            local_rank=identify((), os.environ).local_rank or 0,
             host=socket.gethostname(),
             pid=os.getpid(),
             device=self.device,
@@ -185,6 +198,8 @@ class Probe:
         self._workers_sent = None
         if self.memory is not None:
             self.memory.resend()
+        if self.flops is not None:
+            self.flops.resend()
         return {"type": "hello", "version": 1, "info": info}
 
     def _collect(self) -> list[dict[str, Any]]:
@@ -197,11 +212,17 @@ class Probe:
             self._workers_sent = self.worker_pids
             msgs.append({"type": "workers", "pids": list(self.worker_pids)})
         steps = self.clock.resolve(rss_bytes=_rss_bytes())
+        if self.flops is not None:
+            # The counted step flagged; its count sent once its neighbours' times are in (or
+            # the rank ends: not active any more).
+            steps = self.flops.resolved(steps, final=not self.active)
         if steps:
             msgs.append(step_message(self.rank(), steps))
         budget = self.memory.take() if self.memory is not None else None
         if budget is not None:
             msgs.append(memory_message(budget))
+        if self.flops is not None:
+            msgs.extend(flops_message(c) for c in self.flops.take())
         return msgs
 
     def _uuids(self) -> tuple[str, ...]:
@@ -258,6 +279,8 @@ class Probe:
         if not self.active:
             return
         self.active = False
+        if self.flops is not None:
+            self.flops.abandon()
         self.clock.flush_open()
         # The goodbye says when the rank ended (the last info before "bye"); the connection
         # lingers until the process is gone, and the node agent moves the end to that moment.
@@ -316,7 +339,7 @@ class Probe:
         # First in, last out: FSDP's own pre-forward all-gather and post-forward reshard are
         # inside the model's forward (their collective wait carved out of it).
         self._model_hooks = [
-            module.register_forward_pre_hook(self._model_pre, prepend=True),
+            module.register_forward_pre_hook(self._model_pre, prepend=True, with_kwargs=True),
             module.register_forward_hook(self._model_post, always_call=True),
         ]
         self.model = module
@@ -327,14 +350,23 @@ class Probe:
             h.remove()
         self._global_fwd = []
 
-    def _model_pre(self, module: Any, args: Any) -> None:
+    def _model_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         if self.enabled and (self.active or self.activate()):
             self.tid = threading.get_ident()
             if self._h2d_open:
                 self.close_h2d()
             self.clock.forward_begin()
-            if self.memory is not None and not self.clock.in_backward:
-                self.memory.forward_begin(module, batch_size_of(args))
+            if not self.clock.in_backward:
+                # One walk to the batch's first tensor: its size for the memory meter (the
+                # positional arguments, as before), its shape for the FLOP count (keyword
+                # arguments too: ``model(**batch)``).
+                shape = shape_of(args)
+                if self.memory is not None:
+                    self.memory.forward_begin(module, int(shape[0]) if shape is not None else None)
+                if self.flops is not None:
+                    self.flops.forward_begin(
+                        module, shape if shape is not None or not kwargs else shape_of(kwargs)
+                    )
 
     def _model_post(self, module: Any, args: Any, output: Any) -> None:
         if self.active:

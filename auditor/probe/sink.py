@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from auditor.samples import MemoryBudget, StepSample
+from auditor.samples import FlopCount, MemoryBudget, StepSample
 
 PROTOCOL_VERSION = 1
 _WIRE_FIELDS = StepSample.wire_fields()
@@ -40,6 +40,11 @@ def step_message(rank: int, steps: list[StepSample]) -> dict[str, Any]:
 def memory_message(budget: MemoryBudget) -> dict[str, Any]:
     """A rank's memory budget (``auditor.probe.memory``): sent when it changes, rarely."""
     return {"type": "memory", "rank": budget.rank, "budget": budget.to_dict()}
+
+
+def flops_message(count: FlopCount) -> dict[str, Any]:
+    """A rank's FLOPs per step (``auditor.probe.flops``): counted on a sampled step, rarely."""
+    return {"type": "flops", "rank": count.rank, "count": count.to_dict()}
 
 
 class Sink:

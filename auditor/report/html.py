@@ -52,6 +52,14 @@ from auditor.report.terminal import (
 )
 from auditor.report.terminal import fixes_by_rank as fixes_by_rank
 from auditor.report.time_account import lead_line
+from auditor.report.work import (
+    WORK_TITLES,
+    gap_rows,
+    mfu_cell,
+    work_line,
+    work_notes,
+    work_rows,
+)
 from auditor.wording import (
     MISSING,
     fmt_cores,
@@ -146,6 +154,7 @@ def render_html(
         plot_sections,
         _findings_section(findings),
         _ranks_section(ranks),
+        _work_section(job, ranks),
         _notes_section(rep, problems),
         '<footer class="muted">',
         f"Report {_e(rep.schema)} generated {_e(generated)}",
@@ -183,6 +192,9 @@ def _verdict_section(
     lead = lead_line(ranks)
     if lead:
         out.append(f'<p class="loss" id="largest-loss">{_e(lead)}</p>')
+    work = work_line(job)
+    if work:
+        out.append(f'<p class="work" id="work">{_e(work)}</p>')
     fixes = fixes_by_rank(findings)
     if fixes:
         out.append('<h2>What to change, per rank</h2><ul class="fixes" id="fixes">')
@@ -291,6 +303,7 @@ def _ranks_section(ranks: Sequence[RankEntry]) -> str:
         "workers",
         "worker cpu",
         "rss MiB",
+        "MFU",
     )
     out = ['<section id="ranks"><h2>Per rank (medians per step)</h2>']
     if not ranks:
@@ -313,12 +326,37 @@ def _ranks_section(ranks: Sequence[RankEntry]) -> str:
             worker_text,
             fmt_cores(r.worker_cpu),
             fmt_mib(r.memory.rss_bytes),
+            mfu_cell(r.mfu, r.flops_per_s),
         ]
         out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
     out.append("</tbody></table>")
     unmeasured = [f"rank {r.rank}: {', '.join(r.unmeasured)}" for r in ranks if r.unmeasured]
     if unmeasured:
         out.append(f'<p class="muted">Not measured: {_e("; ".join(unmeasured))}</p>')
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _work_section(job: JobSummary, ranks: Sequence[RankEntry]) -> str:
+    """The work done: the job's MFU and where its gap goes, and each rank's counted FLOPs."""
+    rows = work_rows(ranks)
+    if not rows:
+        return ""
+    out = ['<section id="work-done"><h2>Work done (FLOPs counted on one step)</h2>']
+    gap = gap_rows(job)
+    if gap:
+        out.append('<table id="mfu-gap"><thead><tr><th>where the time goes</th>')
+        out.append("<th>share</th></tr></thead><tbody>")
+        out.extend(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for a, b in gap)
+        out.append("</tbody></table>")
+    out.append('<table id="work-ranks"><thead><tr>')
+    out.extend(f"<th>{_e(t)}</th>" for t in WORK_TITLES)
+    out.append("</tr></thead><tbody>")
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table>")
+    for note in work_notes(job, ranks):
+        out.append(f'<p class="muted">{_e(note)}</p>')
     out.append("</section>")
     return "\n".join(out)
 

@@ -12,6 +12,9 @@ Schema ``auditor.report/v2``::
                 "data_wait_ratio", "busy_ratio", "batch_size", "samples_per_s", "main_cpu",
                 "worker_cpu", "workers", "loader",
                 "memory": {"rss_bytes", "allocated_bytes", "peak_bytes", "budget"},
+                "flops": {"flops_per_step", "flops_per_s", "mfu", "peak_flops_per_s",
+                          "dtype", "by_dtype", "device", "device_name", "counted_step",
+                          "count_cost_s", "micro_batches", "samples"},
                 "unmeasured", "off_thread_collectives", "ended",
                 "time": {"wall_s", "startup_s", "steps", "data_wait_s", "h2d_s", "forward_s",
                          "backward_s", "optimizer_s", "collective_wait_s", "outside",
@@ -24,6 +27,20 @@ Schema ``auditor.report/v2``::
                    "actions": [{"rank", "gpu", "lever", "how", "current", "proposed",
                                 "expected_speedup", "answers"}]}],
      "notes": [str, ...]}
+
+``job.mfu`` (only where a rank counted its FLOPs; :mod:`auditor.analysis.mfu`): ``{"flops_per_s",
+"mfu", "gap", "basis", "precision", "tf32", "device_name", "dtype", "gpu", "ranks"}``: the job's
+FLOP/s (every counted rank's added up), its MFU (null on a CPU or a card the peak table does
+not know) and ``gap``, the MFU gap split into the time account's parts and the device's own
+inefficiency (``startup``, ``data_wait``, ``h2d``, ``collective_wait``, ``stalls``,
+``host_overhead``, ``small_batch``, ``device``, ``teardown``: shares of the time, adding up to
+``1 - mfu``), over the ranks' whole runs (``basis`` ``run``) or a step at their pace
+(``step``); ``precision``/``tf32``: the share of the time bf16, or TF32 alone, would give back
+from the fp32 matmuls. Per rank, ``flops`` is its count (null where it sent none): FLOPs of one
+step (forward and backward of every micro-batch) and ``by_dtype``, FLOP/s at its pace, its MFU
+against ``peak_flops_per_s`` (the dense peak of its dtype mix on ``device_name``, its share
+where ranks share a GPU), the step it was counted on and what counting cost it
+(``count_cost_s``).
 
 ``job.apply`` (only on a run made with ``auditor run --apply``): ``{"sources", "levers",
 "not_applied"}``, the plan: where it came from, the loader levers per rank, and the fixes it left
@@ -78,6 +95,7 @@ from typing import Any
 
 from auditor.analysis.accounting import Account
 from auditor.analysis.findings import Finding
+from auditor.analysis.mfu import JobMfu, RankFlops, job_mfu, rank_flops
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import RankStats
 from auditor.files import write_text_atomic
@@ -89,6 +107,7 @@ from auditor.report.model import TOP_KEYS as TOP_KEYS
 from auditor.report.model import (
     DeadRank,
     JobSummary,
+    MfuEntry,
     NodeEntry,
     RankEntry,
     Report,
@@ -123,6 +142,7 @@ def make_report(
         when = when.replace(tzinfo=timezone.utc)
     stats = snapshot.paced
     views = sorted(snapshot.ranks, key=lambda v: v.info.rank)
+    counted = rank_flops(snapshot)
     ranks = tuple(
         RankEntry.from_dict(
             jsonable(
@@ -131,11 +151,13 @@ def make_report(
                     stats[view.info.rank],
                     snapshot.total_steps.get(view.info.rank, 0),
                     snapshot.accounts.get(view.info.rank),
+                    counted.get(view.info.rank),
                 )
             )
         )
         for view in views
     )
+    work = job_mfu(snapshot, flops=counted) if counted else None
     world_size = max(snapshot.world_size, len(views))
     return Report(
         generated_at=when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -157,6 +179,7 @@ def make_report(
                 else None
             ),
             dead_ranks=tuple(dead_ranks) if dead_ranks is not None else None,
+            mfu=None if work is None else MfuEntry.from_dict(jsonable(mfu_entry(work))),
         ),
         ranks=ranks,
         findings=tuple(ReportFinding.of(f) for f in findings),
@@ -223,7 +246,11 @@ def load_report(path: str | Path) -> dict[str, Any]:
 
 
 def _rank_entry(
-    view: RankView, s: RankStats, total_steps: int, account: Account | None = None
+    view: RankView,
+    s: RankStats,
+    total_steps: int,
+    account: Account | None = None,
+    flops: RankFlops | None = None,
 ) -> dict[str, Any]:
     info = view.info
     n = len(view.steps)
@@ -275,6 +302,7 @@ def _rank_entry(
             ),
             "budget": _budget(view),
         },
+        "flops": None if flops is None else flops_entry(flops),
         "unmeasured": list(info.unmeasured),
         "off_thread_collectives": info.off_thread_collectives,
         "ended": bool(view.ended),
@@ -282,6 +310,47 @@ def _rank_entry(
         "applied": [{"lever": k, "from": a, "to": b} for k, a, b in info.applied],
         "not_applied": [{"lever": k, "reason": why} for k, why in info.apply_kept],
     }
+
+
+def flops_entry(f: RankFlops) -> dict[str, Any]:
+    """A rank's counted work as the report writes it (``ranks[].flops``)."""
+    return {
+        "flops_per_step": _sig(f.flops_per_step),
+        "flops_per_s": _sig(f.flops_per_s),
+        "mfu": _round(f.mfu, 4),
+        "peak_flops_per_s": _sig(f.peak_flops_per_s),
+        "dtype": f.dtype,
+        "by_dtype": {d: _sig(v) for d, v in sorted(f.by_dtype.items())},
+        "device": f.device,
+        "device_name": f.device_name,
+        "counted_step": f.counted_step,
+        "count_cost_s": _round(f.count_cost_s, 6),
+        "micro_batches": f.micro_batches,
+        "samples": f.samples,
+    }
+
+
+def mfu_entry(job: JobMfu) -> dict[str, Any]:
+    """The job's work as the report writes it (``job.mfu``)."""
+    return {
+        "flops_per_s": _sig(job.flops_per_s),
+        "mfu": _round(job.mfu, 4),
+        "gap": {k: _round(v, 4) for k, v in job.gap.items()},
+        "basis": job.basis,
+        "precision": _round(job.precision, 4) if job.gpu else None,
+        "tf32": _round(job.tf32, 4) if job.gpu else None,
+        "device_name": job.device_name,
+        "dtype": job.dtype,
+        "gpu": job.gpu,
+        "ranks": list(job.ranks),
+    }
+
+
+def _sig(value: float | None, digits: int = 5) -> float | None:
+    """A figure of any size to ``digits`` significant digits (FLOPs run to 1e15 and more)."""
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return float(f"{float(value):.{digits}g}")
 
 
 def _budget(view: RankView) -> dict[str, Any] | None:

@@ -21,12 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from auditor.analysis.findings import Finding, severity_key
+from auditor.analysis.mfu import rank_flops
 from auditor.analysis.snapshot import Snapshot
 from auditor.analysis.stats import RankStats
 from auditor.report.columns import FIGURE_COLUMNS, cells, titles
 from auditor.report.phrasing import phrase
 from auditor.report.phrasing.memory_growth import climbing, live_tag, soonest_climb
 from auditor.report.terminal import clip
+from auditor.report.work import mfu_cell
 from auditor.wording import (
     MISSING,
     PENDING,
@@ -185,12 +187,16 @@ def _finding_tag(f: Finding) -> str:
 
 # The figure columns are the report's (auditor.report.columns): the panel reads a rank's window
 # as the verdict and the HTML page read its report entry.
-_TITLES = ("rank", "node", "steps", *titles(FIGURE_COLUMNS), "worker cpu", "")
-_LEFT = {1, 10}
-# The window columns (medians over the window): from "step ms" to "worker cpu".
-_WINDOW_COLS = range(3, 10)
+# "MFU": the rank's model FLOPs utilisation at its pace (its FLOP/s on a CPU or a card the peak
+# table does not know; ``-`` until it counted its FLOPs).
+_TITLES = ("rank", "node", "steps", *titles(FIGURE_COLUMNS), "worker cpu", "MFU", "")
+_LAST = len(_TITLES) - 1
+_MFU = _LAST - 1
+_LEFT = {1, _LAST}
+# The window columns (at the ranks' pace over the window): from "step ms" to "MFU".
+_WINDOW_COLS = range(3, _LAST)
 # Columns dropped first when the terminal is narrow (by index, least useful first).
-_DROP_ORDER = (8, 7, 9, 5)
+_DROP_ORDER = (8, 7, 9, 5, _MFU)
 
 
 def panel_height(rows: int) -> int:
@@ -258,6 +264,7 @@ def _rank_table(
 ) -> list[Line]:
     """Header lines and rank rows, fitted into ``room`` rows below the two header lines."""
     stats = snap.paced
+    work = rank_flops(snap)
     ended = {v.info.rank for v in snap.ranks if v.ended}
     blame = blamed(findings)
     climbs = climbing(findings)  # ranks whose memory climbs (memory_growth, any severity)
@@ -290,15 +297,18 @@ def _rank_table(
             hidden = len(ranks) - len(mine)
             rows.append(([_node_row(host, ranks, hidden, stats)], "dim"))
         for r in mine:
-            cells = _rank_cells(stats[r], snap.total_steps.get(r, 0), hosts[r], r in ended)
+            f = work.get(r)
+            mfu = MISSING if f is None else mfu_cell(f.mfu, f.flops_per_s)
+            cells = _rank_cells(stats[r], snap.total_steps.get(r, 0), hosts[r], r in ended, mfu)
             if r in blame:
                 cells[0] = "!" + cells[0]
                 # The finding lines below name the kind; the row only says which ranks.
-                cells[10] = "blamed"
+                cells[_LAST] = "blamed"
             if r in climbs:  # the climb and the time left
-                cells[10] = "; ".join(c for c in (cells[10], live_tag(climbs[r])) if c)
+                cells[_LAST] = "; ".join(c for c in (cells[_LAST], live_tag(climbs[r])) if c)
             rows.append((cells, blame[r].severity if r in blame else ""))
-    table = _fit_table([cells for cells, _ in rows if len(cells) > 1], width)
+    # The MFU column once a rank counted its FLOPs (a job without a count keeps its width).
+    table = _fit_table([cells for cells, _ in rows if len(cells) > 1], width, mfu=bool(work))
     out = [Line(table.super_header(window_s), "dim"), Line(table.header, "bold")]
     if summary is not None:
         out.append(Line(_clip(summary.text, width), summary.style))
@@ -401,13 +411,14 @@ def _node_row(host: str, ranks: Sequence[int], hidden: int, stats: dict[int, Ran
     return text
 
 
-def _rank_cells(s: RankStats, total: int, host: str, ended: bool) -> list[str]:
+def _rank_cells(s: RankStats, total: int, host: str, ended: bool, mfu: str = MISSING) -> list[str]:
     wkr = _worker_cpu(s)
     state = "ended" if ended else ""
     if s.steps < 2 or s.step_s <= 0:
         pending = [PENDING] * len(FIGURE_COLUMNS)
-        return [str(s.rank), short_host(host), str(total), *pending, wkr, state]
-    return [str(s.rank), short_host(host), str(total), *cells(s, FIGURE_COLUMNS), wkr, state]
+        return [str(s.rank), short_host(host), str(total), *pending, wkr, PENDING, state]
+    figures = cells(s, FIGURE_COLUMNS)
+    return [str(s.rank), short_host(host), str(total), *figures, wkr, mfu, state]
 
 
 def _worker_cpu(s: RankStats) -> str:
@@ -437,15 +448,21 @@ class _Table:
         return (head.ljust(start) + rule).rstrip()
 
 
-def _fit_table(rows: Sequence[Sequence[str]], width: int) -> _Table:
-    """Aligned columns; drops the least useful columns until the table fits ``width``."""
-    cols = list(range(len(_TITLES)))
+def _fit_table(rows: Sequence[Sequence[str]], width: int, *, mfu: bool = True) -> _Table:
+    """Aligned columns; drops the least useful columns until the table fits ``width`` (and the
+    MFU column where ``mfu`` is false: no rank counted its FLOPs)."""
+    cols = [i for i in range(len(_TITLES)) if mfu or i != _MFU]
     table = _layout(cols, rows)
     # The last column (what blames the rank) may be cut; the figures may not.
     figures = _layout(cols[:-1], rows)
+    # A row with a last column ("blamed") keeps room for at least its "..." after the figures,
+    # so that clipping the row never eats a figure.
+    room = width - 5 if any(r[_LAST] for r in rows) else width
     for drop in _DROP_ORDER:
-        if len(figures.header) <= width and all(len(r) <= width for r in figures.rows):
+        if len(figures.header) <= width and all(len(r) <= room for r in figures.rows):
             break
+        if drop not in cols:
+            continue
         cols.remove(drop)
         table = _layout(cols, rows)
         figures = _layout(cols[:-1], rows)

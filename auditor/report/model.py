@@ -1,7 +1,8 @@
 """The report as a typed object: what an audit produces and what every renderer reads.
 
-:class:`Report` is one run's verdict: the job (:class:`JobSummary`), one :class:`RankEntry` per
-rank (with its :class:`MemoryEntry` and measured :class:`BudgetEntry`), the findings
+:class:`Report` is one run's verdict: the job (:class:`JobSummary`, with the job's work done,
+:class:`MfuEntry`), one :class:`RankEntry` per rank (with its :class:`MemoryEntry` and measured
+:class:`BudgetEntry`, and its counted FLOPs, :class:`FlopsEntry`), the findings
 (:class:`ReportFinding`), the notes, and for a job that spans several nodes its
 :class:`NodeEntry` list and :class:`DeadRank` list. :class:`~auditor.audit.Audit` builds it
 (:func:`auditor.report.json_report.make_report`); the terminal verdict, the HTML page and
@@ -68,6 +69,7 @@ RANK_KEYS = (
     "workers",
     "loader",
     "memory",
+    "flops",
     "unmeasured",
     "off_thread_collectives",
     "ended",
@@ -151,6 +153,83 @@ class MemoryEntry:
 
 
 @dataclass(frozen=True)
+class FlopsEntry:
+    """A rank's counted work (``flops``; :class:`~auditor.analysis.mfu.RankFlops`): FLOPs of one
+    step (counted on ``counted_step``, by dtype), FLOP/s at the rank's pace, and on a GPU the
+    peak table knows, MFU against ``peak_flops_per_s`` (the effective peak of its dtype mix on
+    ``device_name``); ``count_cost_s``: the extra seconds the counted step took."""
+
+    flops_per_step: float | None = None
+    flops_per_s: float | None = None
+    mfu: float | None = None
+    peak_flops_per_s: float | None = None
+    dtype: str | None = None
+    by_dtype: Mapping[str, float] = field(default_factory=dict)
+    device: str | None = None
+    device_name: str | None = None
+    counted_step: int | None = None
+    count_cost_s: float | None = None
+    micro_batches: int | None = None
+    samples: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["by_dtype"] = dict(self.by_dtype)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FlopsEntry:
+        values: dict[str, Any] = {f.name: d.get(f.name) for f in fields(cls)}
+        by = d.get("by_dtype")
+        values["by_dtype"] = (
+            {str(k): v for k, v in by.items() if _is_number(v)} if isinstance(by, Mapping) else {}
+        )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class MfuEntry:
+    """The job's work (``job.mfu``; :class:`~auditor.analysis.mfu.JobMfu`): its FLOP/s (every
+    counted rank's, added up), on GPUs the peak table knows its MFU and ``gap``, the MFU gap
+    split by part (shares of the time, adding up to ``1 - mfu``), ``basis`` (``run``: the ranks'
+    whole runs; ``step``: a step at their pace), ``precision``/``tf32`` (the share of the time
+    bf16, or TF32 alone, would give back from fp32 matmuls), the card and dtype most ranks ran
+    on, ``gpu`` (whether they ran on GPUs) and the ``ranks`` counted."""
+
+    flops_per_s: float | None = None
+    mfu: float | None = None
+    gap: Mapping[str, float] = field(default_factory=dict)
+    basis: str | None = None
+    precision: float | None = None
+    tf32: float | None = None
+    device_name: str | None = None
+    dtype: str | None = None
+    gpu: bool = False
+    ranks: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["gap"] = dict(self.gap)
+        out["ranks"] = list(self.ranks)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MfuEntry:
+        values: dict[str, Any] = {f.name: d.get(f.name) for f in fields(cls)}
+        gap = d.get("gap")
+        values["gap"] = (
+            {str(k): v for k, v in gap.items() if _is_number(v)} if isinstance(gap, Mapping) else {}
+        )
+        values["gpu"] = bool(d.get("gpu"))
+        values["ranks"] = tuple(int(r) for r in d.get("ranks") or () if isinstance(r, int))
+        return cls(**values)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
 class RankEntry:
     """One rank: per-step medians over the window (``window_steps`` steps), the step, data wait
     and collective wait at the rank's pace (:meth:`RankStats.paced`); ``steps`` over the whole
@@ -182,6 +261,9 @@ class RankEntry:
     workers: int | None = None
     loader: Mapping[str, Any] | None = None
     memory: MemoryEntry = field(default_factory=MemoryEntry)
+    # The rank's counted FLOPs, FLOP/s and MFU; None where it counted none (a CPU job counts
+    # too: FLOP/s, no MFU), and in reports from before it.
+    flops: FlopsEntry | None = None
     unmeasured: tuple[str, ...] = ()
     off_thread_collectives: int | None = None
     ended: bool = False
@@ -204,6 +286,15 @@ class RankEntry:
         return None if self.loader is None else self.loader.get("num_workers")
 
     @property
+    def mfu(self) -> float | None:
+        """The rank's MFU, where counted on a GPU the peak table knows."""
+        return None if self.flops is None else self.flops.mfu
+
+    @property
+    def flops_per_s(self) -> float | None:
+        return None if self.flops is None else self.flops.flops_per_s
+
+    @property
     def timed(self) -> bool:
         """Whether the rank has a measured step time."""
         return self.step_s is not None and self.step_s > 0
@@ -211,6 +302,7 @@ class RankEntry:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["memory"] = self.memory.to_dict()
+        out["flops"] = None if self.flops is None else self.flops.to_dict()
         out["unmeasured"] = list(self.unmeasured)
         out["collective_ops"] = None if self.collective_ops is None else dict(self.collective_ops)
         out["loader"] = None if self.loader is None else dict(self.loader)
@@ -227,6 +319,8 @@ class RankEntry:
         values["window_steps"] = d["window_steps"] if "window_steps" in d else d.get("steps")
         memory = d.get("memory")
         values["memory"] = MemoryEntry.from_dict(memory if isinstance(memory, Mapping) else {})
+        flops = d.get("flops")
+        values["flops"] = FlopsEntry.from_dict(flops) if isinstance(flops, Mapping) else None
         values["unmeasured"] = tuple(str(p) for p in d.get("unmeasured") or ())
         values["ended"] = bool(d.get("ended"))
         ops = d.get("collective_ops")
@@ -427,6 +521,8 @@ class JobSummary:
     # ``auditor run --apply`` only (absent otherwise): the plan, ``{"sources", "levers",
     # "not_applied"}`` (``auditor.report.applied.plan_entry``).
     apply: Mapping[str, Any] | None = None
+    # The job's FLOP/s, MFU and its gap's split (absent where no rank counted its FLOPs).
+    mfu: MfuEntry | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -445,6 +541,8 @@ class JobSummary:
             out["dead_ranks"] = [d.to_dict() for d in self.dead_ranks]
         if self.apply is not None:
             out["apply"] = dict(self.apply)
+        if self.mfu is not None:
+            out["mfu"] = self.mfu.to_dict()
         return out
 
     @classmethod
@@ -453,6 +551,7 @@ class JobSummary:
         nodes = d.get("nodes")
         dead = d.get("dead_ranks")
         apply = d.get("apply")
+        mfu = d.get("mfu")
         return cls(
             name=d.get("name"),
             command=tuple(str(c) for c in d.get("command") or ()),
@@ -477,6 +576,7 @@ class JobSummary:
                 else None
             ),
             apply=dict(apply) if isinstance(apply, Mapping) else None,
+            mfu=MfuEntry.from_dict(mfu) if isinstance(mfu, Mapping) else None,
         )
 
 

@@ -24,6 +24,7 @@ from auditor.report.model import (
     as_report,
 )
 from auditor.report.time_account import account_lines, lead_line
+from auditor.report.work import WORK_TITLES, work_line, work_notes, work_rows
 from auditor.wording import (
     fmt_count,
     fmt_duration,
@@ -102,6 +103,9 @@ def render_verdict(report: ReportLike, *, color: bool = False) -> str:
     run = _run_line(job, len(ranks))
     if run:
         emit(run)
+    work = work_line(job)  # the job's FLOP/s and MFU, and where its gap goes
+    if work:
+        emit(work)
     if job.command:
         emit(f"Command: {shlex.join(job.command)}")
     code = job.exit_code
@@ -125,6 +129,15 @@ def render_verdict(report: ReportLike, *, color: bool = False) -> str:
         out.append("")
         out.append("Per rank (medians per step):")
         out.extend("  " + line for line in _verdict_table(ranks))
+
+    worked = work_rows(ranks)
+    if worked:
+        out.append("")
+        out.append("Work per rank (FLOPs counted on one step):")
+        lines = table(WORK_TITLES, worked, left={4})
+        out.extend("  " + clip(line, VERDICT_WIDTH - 2) for line in lines)
+        for line in work_notes(job, ranks):
+            emit(line, indent="  ", cont="    ")
 
     accounted = account_lines(ranks)
     if accounted:

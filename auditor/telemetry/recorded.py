@@ -14,6 +14,10 @@ other line is one record with a ``"t"`` type:
 * ``{"t": "ended", "rank": r}``                    a rank's connection closed
 * ``{"t": "memory", ...MemoryBudget fields}``      a rank's measured memory budget (when it
   changed; readers that predate it skip it)
+* ``{"t": "flops", ...FlopCount fields}``          a rank's FLOPs per step, counted on a sampled
+  step (readers that predate it skip it); the counted step's record has ``"flops_counted": true``
+  (absent on every other step); a step's ``collective_bytes`` only where its collectives
+  carried known bytes
 
 v2 differs from v1 in one meaning: a step's ``backward_s`` excludes the collective wait (the
 phases are exclusive, see :class:`~auditor.samples.StepSample`); v1 steps counted it inside
@@ -37,6 +41,7 @@ from typing import IO, Any
 from auditor.samples import (
     Batch,
     DeviceSample,
+    FlopCount,
     MemoryBudget,
     NodeCpu,
     ProcessCpu,
@@ -75,6 +80,10 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
         row = _single(_single(asdict(s), "count"), "micro_batches")
         if row.get("outside") is None:
             row.pop("outside", None)  # nothing named outside the phases: the older shape
+        if not row.get("flops_counted"):
+            row.pop("flops_counted", None)  # only the step whose FLOPs were counted says so
+        if row.get("collective_bytes") is None:
+            row.pop("collective_bytes", None)  # no bytes known: the older shape
         yield {"t": "step", **row}
     for c in batch.processes:
         yield {"t": "process", **asdict(c)}
@@ -86,6 +95,8 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
         yield {"t": "ended", "rank": r}
     for m in batch.memory:
         yield {"t": "memory", **m.to_dict()}
+    for f in batch.flops:
+        yield {"t": "flops", **f.to_dict()}
 
 
 def _single(row: dict[str, Any], field: str) -> dict[str, Any]:
@@ -155,6 +166,7 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
     devices: list[DeviceSample] = []
     ended: list[int] = []
     memory: list[MemoryBudget] = []
+    flops: list[FlopCount] = []
     problems: list[str] = []
     header: dict[str, Any] | None = None
     with f:
@@ -203,6 +215,8 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
                     ended.append(int(body["rank"]))
                 elif kind == "memory":
                     memory.append(MemoryBudget.from_dict(body))
+                elif kind == "flops":
+                    flops.append(FlopCount.from_dict(body))
                 # Unknown types: a newer writer; skip silently.
             except (KeyError, TypeError, ValueError) as exc:
                 problems.append(f"{p}:{lineno}: bad {rec.get('t')!r} record ({exc})")
@@ -216,5 +230,6 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
         devices=tuple(devices),
         ended=tuple(ended),
         memory=tuple(memory),
+        flops=tuple(flops),
     )
     return Recording(header=header, batch=batch, problems=problems)

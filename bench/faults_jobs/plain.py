@@ -21,6 +21,8 @@ Cases (rank ``--fault-rank``, 1 unless said, from the onset on):
   the start (its onset).
 * ``slow_collective``: all-gathers 2 MB of metrics per step as Python objects (the others send
   a few bytes), in one collective they all wait in.
+* ``slow_transfer``: every rank all-gathers a 16 MiB tensor per step from the onset (an
+  embedding's shards, a metric's whole state): the transfer itself is slow, no rank is slower.
 * ``accum_starvation``: ``io_starvation`` under gradient accumulation (4 micro-batches of 8 per
   optimizer step, ``no_sync`` on all but the last).
 * ``memory_growth``: keeps every step's loss with its graph (``backward(retain_graph=True)``,
@@ -77,6 +79,7 @@ CASES = (
     "checkpoint_rank0",
     "memory_imbalance",
     "slow_collective",
+    "slow_transfer",
     "accum_starvation",
     "memory_growth",
     "slowdown",
@@ -264,6 +267,9 @@ def main() -> None:
         torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "state": state},
                    os.path.join(ckpt_dir, "last.pt"))  # fmt: skip
 
+    agreed = torch.zeros(1)
+    shard = torch.zeros(4 * 2**20)  # slow_transfer: 16 MiB of float32 a rank, gathered each step
+    gathered_shards = [torch.empty_like(shard) for _ in range(world)]
     stopper = Stopper(args.seconds)
     step, epoch = 0, 0
     iterator = iter(loader)
@@ -291,7 +297,14 @@ def main() -> None:
                     loss.backward()
         opt.step()
         step += 1
-        if case == "slow_collective" and onset.on:
+        if case in ("slow_transfer", "slow_collective"):
+            # A collective only some ranks call hangs the job: the ranks agree on the onset
+            # (each reads its own clock) before any of them calls it.
+            agreed.fill_(1.0 if onset.on else 0.0)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        if case == "slow_transfer" and agreed.item():
+            dist.all_gather(gathered_shards, shard)
+        if case == "slow_collective" and agreed.item():
             payload = list(range(250_000)) if faulty and not removed else [0]
             gathered: list[object] = [None] * world
             dist.all_gather_object(gathered, {"metrics": payload})

@@ -125,9 +125,9 @@ def test_memory_pressure_sizes_the_micro_batch() -> None:
 def test_micro_batches_on_the_wire_and_in_recordings(tmp_path: Path) -> None:
     plain = StepSample(rank=0, step=0, time=1.0, step_s=0.1, batch_size=8)
     accumulated = replace(plain, batch_size=32, micro_batches=4)
-    # Without accumulation (nor named outside work) the row and the record are what they were
-    # before micro_batches.
-    assert len(plain.to_row()) == len(StepSample.wire_fields()) - 2
+    # Without accumulation (nor any later optional field: named outside work, a FLOP count,
+    # collective bytes) the row and the record are what they were before micro_batches.
+    assert len(plain.to_row()) == StepSample.wire_fields().index("micro_batches")
     assert "micro_batches" not in next(iter(batch_records(Batch(steps=(plain,)))))
     assert StepSample.from_row(plain.to_row()) == plain
     assert StepSample.from_row(accumulated.to_row()) == accumulated

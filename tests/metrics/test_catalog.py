@@ -72,6 +72,12 @@ def test_required_metrics_are_present() -> None:
         "auditor_gpu_up",
         "auditor_gpu_last_sample_timestamp_seconds",
         "auditor_gpu_lost",
+        "auditor_rank_flops_per_step",
+        "auditor_rank_flops_per_second",
+        "auditor_rank_mfu_ratio",
+        "auditor_job_mfu_ratio",
+        "auditor_gpu_sm_active_ratio",
+        "auditor_gpu_tensor_pipe_active_ratio",
     }
     assert required <= set(NAMES)
 
@@ -172,16 +178,18 @@ def test_bounded_label_values(label: str, values: tuple[str, ...]) -> None:
 
 
 def test_series_per_rank_within_budget() -> None:
-    assert C.series_per_rank() <= C.RANK_SERIES_BUDGET == 30
+    assert C.series_per_rank() <= C.RANK_SERIES_BUDGET == 36
     # The budget covers every auditor_rank_* metric and nothing else.
     assert {s.name for s in C.rank_specs()} == {n for n in NAMES if n.startswith("auditor_rank_")}
 
 
 def test_series_per_gpu_within_budget() -> None:
     assert C.series_per_gpu() <= C.GPU_SERIES_BUDGET == 40
-    # The owner series is the ranks' word, not a monitor's: outside the GPU budget.
+    # The owner series is the ranks' word, not a monitor's, and the DCGM profiling ratios are
+    # recorded from dcgm-exporter: both outside the GPU budget.
+    outside = {"auditor_gpu_owner_info", *(s.name for s in C.DCGM_ONLY)}
     assert {s.name for s in C.gpu_specs()} == {
-        n for n in NAMES if n.startswith("auditor_gpu_") and n != "auditor_gpu_owner_info"
+        n for n in NAMES if n.startswith("auditor_gpu_") and n not in outside
     }
     # Only throttle_active has a bounded label; every other GPU metric is one series per GPU.
     assert C.series_per_gpu() == len(C.gpu_specs()) - 1 + len(C.THROTTLE_REASONS)

@@ -175,7 +175,24 @@ def test_counters_file_is_dcgm_exporters_format_with_the_default_set() -> None:
         "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
     }  # fmt: skip
-    assert set(names) == default | {f.name for f in D.AUDITOR_FIELDS}
+    profiling = {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+    assert {f.name for f in D.PROFILING_FIELDS} == profiling
+    assert set(names) == default | {f.name for f in D.AUDITOR_FIELDS} | profiling
+
+
+def test_profiling_fields_are_recorded_as_ratios_and_never_invented() -> None:
+    """DCGM's SM and tensor pipe activity are ratios (0..1) already: recorded as the catalog's
+    DCGM-only GPU metrics at scale 1. No recording holds them, so an exposition of a recorded
+    GPU has no series for them (never a zero that would read as an idle tensor pipe)."""
+    mapped = {f.name: f.auditor for f in D.PROFILING_FIELDS}
+    assert mapped == {
+        "DCGM_FI_PROF_SM_ACTIVE": C.GPU_SM_ACTIVE_RATIO.name,
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": C.GPU_TENSOR_PIPE_ACTIVE_RATIO.name,
+    }
+    assert all(f.scale == 1.0 and f.type == "gauge" for f in D.PROFILING_FIELDS)
+    assert {C.BY_NAME[name] for name in mapped.values()} == set(C.DCGM_ONLY)
+    text = D.exposition([D.Gpu(SAMPLE)], hostname="dgx-1", fields=D.PROFILING_FIELDS)
+    assert text == ""
 
 
 def test_server_serves_the_exposition_on_localhost() -> None:

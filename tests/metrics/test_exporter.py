@@ -18,6 +18,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor.analysis.findings import Finding
+from auditor.analysis.mfu import RankFlops
 from auditor.metrics import catalog as C
 from auditor.metrics import exporter
 from auditor.metrics.catalog import MetricSpec
@@ -195,6 +196,24 @@ def make_state() -> ExportState:
             ),
             Finding("utilization_imbalance", "info", ()),
         ],
+        # Rank 0 counted its FLOPs on a GPU the table knows; rank 1 (ended: no present pace)
+        # keeps its FLOPs per step only.
+        flops={r: _work(r) for r in (0, 1)},
+        job_mfu=0.25,
+    )
+
+
+def _work(rank: int) -> RankFlops:
+    return RankFlops(
+        rank=rank,
+        flops_per_step=6e12,
+        flops_per_s=8e12,
+        mfu=0.5,
+        peak_flops_per_s=16e12,
+        dtype="bf16",
+        device_name="NVIDIA H100 80GB HBM3",
+        counted_step=10,
+        count_cost_s=0.02,
     )
 
 
@@ -281,6 +300,11 @@ EXPECTED: list[tuple[str, dict[str, str], float]] = [
         r(1, pin_memory="false", persistent_workers="false", prefetch_factor="", batch_size="16"),
         1,
     ),
+    ("auditor_rank_flops_per_step", r(0), 6e12),
+    ("auditor_rank_flops_per_second", r(0), 8e12),
+    ("auditor_rank_mfu_ratio", r(0), 0.5),
+    ("auditor_rank_flops_per_step", r(1), 6e12),
+    ("auditor_job_mfu_ratio", {"auditor_job": JOB}, 0.25),
     ("auditor_node_cpu_cores", {"auditor_job": JOB, "node": NODE}, 16.0),
     ("auditor_node_cpu_busy_cores", {"auditor_job": JOB, "node": NODE}, 3.5),
     ("auditor_node_load1", {"auditor_job": JOB, "node": NODE}, 2.25),

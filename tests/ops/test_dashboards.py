@@ -342,12 +342,22 @@ def test_job_view_panels(boards: dict[str, dict[str, Any]]) -> None:
             C.RANK_DATALOADER_CONFIG_WORKERS.name,
         },
         "Current findings": {C.FINDING.name, C.FINDING_PREDICTED_SPEEDUP.name},
+        "Job MFU": {C.JOB_MFU_RATIO.name},
+        "MFU per rank": {C.RANK_MFU_RATIO.name},
+        "Achieved FLOP/s per rank": {C.RANK_FLOPS_PER_SECOND.name},
+        "FLOPs per step per rank": {C.RANK_FLOPS_PER_STEP.name},
     }
     for title, names in wanted.items():
         panel = by_title(board, title)
         assert set().union(*(metric_names(e) for e in exprs(panel))) == names, title
         for e in exprs(panel):
             assert JOB in e, (title, e)
+    # MFU is a share of the peak; a value that was not measured is said to be missing.
+    for title in ("Job MFU", "MFU per rank"):
+        panel = by_title(board, title)
+        assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit", title
+        assert "not measured" in panel["description"], title
+    assert by_title(board, "Achieved FLOP/s per rank")["fieldConfig"]["defaults"]["unit"] == "flops"
     # The per-rank breakdown table: every phase of the selected ranks.
     table = by_title(board, "Step breakdown by rank (seconds per step, 1 m mean)")
     assert exprs(table) == [phase_breakdown(JOB, RANK)]
@@ -374,6 +384,12 @@ def test_node_view_panels(boards: dict[str, dict[str, Any]]) -> None:
         "Load average (1 m) vs cores": {C.NODE_LOAD1.name, C.NODE_CPU_CORES.name},
         "DataLoader workers per rank": {C.RANK_DATALOADER_WORKERS.name},
         "DataLoader worker CPU cores per rank": {C.RANK_CPU_CORES.name},
+        "Achieved work per job (what the underused alert judges)": {R.NODE_JOB_ACHIEVED_AVG.record},
+        "MFU per rank": {C.RANK_MFU_RATIO.name},
+        "Tensor pipe and SM activity (DCGM)": {
+            C.GPU_TENSOR_PIPE_ACTIVE_RATIO.name,
+            C.GPU_SM_ACTIVE_RATIO.name,
+        },
     }
     for title, names in wanted.items():
         panel = by_title(board, title)
@@ -381,6 +397,9 @@ def test_node_view_panels(boards: dict[str, dict[str, Any]]) -> None:
         for e in exprs(panel):
             assert 'node=~"$node"' in e, (title, e)
     assert 'process="workers"' in exprs(by_title(board, "DataLoader worker CPU cores per rank"))[0]
+    # The alert's series, its measure in the legend: which measure judged each job is on view.
+    achieved = by_title(board, "Achieved work per job (what the underused alert judges)")
+    assert achieved["targets"][0]["legendFormat"] == "{{auditor_job}} ({{measure}})"
 
 
 # --- the model itself ----------------------------------------------------------------------------

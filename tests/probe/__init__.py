@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auditor.cluster.intake import RankIntake
-from auditor.samples import MemoryBudget, RankInfo, StepSample
+from auditor.samples import FlopCount, MemoryBudget, RankInfo, StepSample
 from tests.helpers.waiting import wait_quietly
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +76,7 @@ class JobResult:
     steps: list[StepSample] = field(default_factory=list)
     ended: set[int] = field(default_factory=set)
     memory: list[MemoryBudget] = field(default_factory=list)
+    flops: list[FlopCount] = field(default_factory=list)
     workers: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     connections: int = 0
     bad_lines: int = 0
@@ -141,6 +142,7 @@ class Job:
                 res.steps.extend(batch.steps)
                 res.ended.update(batch.ended)
                 res.memory.extend(batch.memory)
+                res.flops.extend(batch.flops)
                 return len(res.ended) >= ranks
 
             # The rank's socket closes when its process ends; wait until the intake saw that (or

@@ -399,6 +399,17 @@ def test_every_collective_in_a_step_is_named_collective_wait(
     assert statistics.median(s.forward_s for s in steps) < SLOW_S
 
 
+def test_each_collective_books_the_bytes_it_carries(single: dict[str, JobResult]) -> None:
+    """NCCL-tests' size per op and step: the broadcast's (4, 16) float32 activations, the loss
+    all_reduce's one float; the object collectives and the barrier carry no known bytes. Under
+    DDP, the gradient buckets: every parameter of the Linear(16, 16) and Linear(16, 1) once."""
+    for s in steps_of(single["collectives"], "collectives"):
+        assert s.collective_bytes == {"broadcast": 4 * 16 * 4, "all_reduce": 4}, s
+    params = (16 * 16 + 16 + 16 + 1) * 4
+    synced = [s for s in steps_of(single["autocast"], "autocast") if s.collective_bytes]
+    assert synced and all(s.collective_bytes == {"ddp_allreduce": params} for s in synced)
+
+
 def test_metric_sync_between_epochs_is_collective_wait(single: dict[str, JobResult]) -> None:
     """The loader ends its epoch with StopIteration: the data phase must end there too, or the
     metric sync after it reads as loading and goes untimed."""

@@ -57,6 +57,9 @@ EQUAL_PER_RANK = "equal_per_rank"
 DISTRIBUTED_SAMPLER = "distributed_sampler"
 SAME_SAMPLES_ASSUMED = "same_samples_assumed"
 SAMPLES_PER_SECOND = "samples_per_second"
+# The parallel modes that average gradients with equal weight per rank, and the name the
+# report gives them (the first a job's ranks run wins).
+_AVERAGED_BY = (("ddp", "DDP"), ("fsdp", "FSDP"), ("deepspeed", "DeepSpeed"))
 
 
 @dataclass(frozen=True)
@@ -196,8 +199,9 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     }
     speedup = i.barrier.speedup(new_local)
     modes = {i.mode[r] for r in batches if r in i.mode}
-    # DDP or FSDP average the gradients with equal weight per rank; empty: nothing does.
-    averaged = "DDP" if "ddp" in modes else "FSDP" if "fsdp" in modes else ""
+    # DDP, FSDP or DeepSpeed average the gradients with equal weight per rank; empty: nothing
+    # does.
+    averaged = next((name for mode, name in _AVERAGED_BY if mode in modes), "")
     small = sorted(r for r in batches if batches[r] == lo)
     large = sorted(r for r in batches if batches[r] == hi)
     weight = hi / lo

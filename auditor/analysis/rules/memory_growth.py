@@ -24,7 +24,10 @@ to single jumps, and a flat stretch weighs as the steps it lasts. A series *clim
   spread of the points around the line (1.4826 x their median absolute deviation: noise is not
   a climb); how much it matters against the capacity is the severity's (the time to full);
 * it does not level off: the later half's slope is at least ``later_ratio`` of the earlier
-  half's (a warm-up that flattens, a cache that fills and stops, are not leaks).
+  half's (a warm-up that flattens, a cache that fills and stops, are not leaks);
+* it still climbs at the end: the last third of the span's slope is at least ``later_ratio``
+  of the rate (a level shift, memory taken once midway by a new buffer or a collective's
+  scratch space and then held flat, reads as a late climb on the halves alone).
 
 The rate is the span's slope (the later half's where it is steeper by half again: the climb
 sped up, or started late); per minute at the rank's step rate over the later half of the span
@@ -129,6 +132,8 @@ _ON_LINE_RISE = 0.05
 _OFF_LINE = 0.1
 # A later half steeper than the span by this factor sets the rate (the climb sped up).
 _SPED_UP = 1.5
+# The share of the span, at its end, that must still climb (not a level shift).
+_RECENT = 1 / 3
 # 1.4826 x the median absolute deviation estimates a normal spread.
 _MAD_SCALE = 1.4826
 
@@ -438,6 +443,12 @@ def _climb(name: str, s: Series, first: int, last: int, t: Thresholds) -> Climb 
         rate = later
         intercept = statistics.median(y - rate * x for x, y in late)
         spread = _MAD_SCALE * statistics.median(abs(y - intercept - rate * x) for x, y in late)
+    recent = [(x, y) for x, y in zip(xs, ys, strict=True) if x >= xs[-1] - _RECENT * span]
+    if len({y for _, y in recent}) < 2:
+        return None  # flat at the end: the memory was taken once, it does not climb
+    at_end = theil_sen(*zip(*recent, strict=True))
+    if at_end is None or at_end < t.later_ratio * rate:
+        return None  # the rise stopped: a level shift, not a climb
     band = max(_ON_LINE_SPREADS * spread, _ON_LINE_RISE * rise)
     since = _on_line_since(s, rate, intercept, band)
     return Climb(

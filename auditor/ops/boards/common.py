@@ -152,6 +152,18 @@ BUSY_THRESHOLDS = (
     Threshold(UNDERUSED_BUSY_RATIO, "yellow"),
     Threshold(0.8, "green"),
 )
+# Colour bands of MFU: red under a twentieth of the peak (where AuditorUnderusedMultiGpuNode
+# judges a node underused), green from what tuned transformer training reaches.
+MFU_THRESHOLDS = (
+    Threshold(None, "red"),
+    Threshold(0.05, "yellow"),
+    Threshold(0.3, "green"),
+)
+# What the MFU panels say about a missing value: not measured, never zero.
+MFU_NOT_MEASURED = (
+    "No value where it is not measured: a CPU rank (FLOP/s only), a GPU the peak table does not "
+    "know, or no step counted yet."
+)
 
 
 def alarm_from(value: float, color: str) -> tuple[Threshold, ...]:

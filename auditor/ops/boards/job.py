@@ -8,6 +8,8 @@ from auditor.ops import recording as R
 from auditor.ops.boards.common import (
     BUSY_THRESHOLDS,
     JOB,
+    MFU_NOT_MEASURED,
+    MFU_THRESHOLDS,
     OWNED,
     PERCENT,
     PHASE_TITLES,
@@ -53,6 +55,7 @@ def job_view() -> Dashboard:
         tags=TAGS,
         rows=(
             _stats(),
+            _work(),
             _step(),
             Row(title="Step breakdown of each rank", panels=(_breakdown_panel(),)),
             _batches(),
@@ -100,6 +103,53 @@ def _stats() -> Row:
                 max_by("auditor_job", sel(C.JOB_PREDICTED_SPEEDUP.name, JOB)),
                 unit=SPEEDUP_UNIT,
                 decimals=2,
+            ),
+        ),
+    )
+
+
+def _work() -> Row:
+    """What the job's GPUs achieve: MFU for the job and per rank, and the counted FLOPs."""
+    return Row(
+        title="Model FLOPs utilisation",
+        panels=(
+            stat(
+                "Job MFU",
+                max_by("auditor_job", sel(C.JOB_MFU_RATIO.name, JOB)),
+                description="Model FLOPs utilisation of the whole run: the time the job's "
+                "counted FLOPs would take at its GPUs' dense peaks (for the dtypes they ran in) "
+                "over the time it took. " + MFU_NOT_MEASURED,
+                unit="percentunit",
+                decimals=1,
+                thresholds=MFU_THRESHOLDS,
+                h=8,
+            ),
+            series(
+                "MFU per rank",
+                (sel(C.RANK_MFU_RATIO.name, JOB, RANK), RANK_LEGEND),
+                description="Achieved FLOP/s over the device's dense peak for the dtypes the "
+                "rank's FLOPs ran in. " + MFU_NOT_MEASURED,
+                w=7,
+                **PERCENT,
+            ),
+            series(
+                "Achieved FLOP/s per rank",
+                (sel(C.RANK_FLOPS_PER_SECOND.name, JOB, RANK), RANK_LEGEND),
+                description="The rank's counted FLOPs per step over its step time (on a CPU "
+                "rank, the only figure: no peak to judge it by).",
+                w=7,
+                unit="flops",
+                min=0,
+            ),
+            series(
+                "FLOPs per step per rank",
+                (sel(C.RANK_FLOPS_PER_STEP.name, JOB, RANK), RANK_LEGEND),
+                description="Forward and backward of every micro-batch, counted from the "
+                "operations that ran on a sampled step (recounted when the batch shape "
+                "changes).",
+                w=6,
+                unit="short",
+                min=0,
             ),
         ),
     )

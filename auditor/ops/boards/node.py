@@ -4,8 +4,10 @@ DataLoader workers of the ranks it runs."""
 from __future__ import annotations
 
 from auditor.metrics import catalog as C
+from auditor.ops import recording as R
 from auditor.ops.boards.common import (
     JOB,
+    MFU_NOT_MEASURED,
     NODE,
     PERCENT,
     TAGS,
@@ -44,6 +46,7 @@ def node_view() -> Dashboard:
         tags=TAGS,
         rows=(
             _gpus(),
+            _work(),
             _cpu(),
             _loaders(),
             Row(
@@ -126,6 +129,49 @@ def _gpus() -> Row:
                 (_gpu(C.GPU_TEMPERATURE_CELSIUS.name), LEGEND),
                 w=12,
                 unit="celsius",
+            ),
+        ),
+    )
+
+
+def _work() -> Row:
+    """What the GPUs of each job on the node achieve: the measure the underused alert judges,
+    the ranks' MFU and DCGM's profiling activity."""
+    return Row(
+        title="Achieved work on the node",
+        panels=(
+            series(
+                "Achieved work per job (what the underused alert judges)",
+                (
+                    sel(R.NODE_JOB_ACHIEVED_AVG.record, NODE, JOB),
+                    "{{auditor_job}} ({{measure}})",
+                ),
+                description="5-minute mean of the best measure known for each job's GPUs on "
+                "the node, named in the legend: mfu (the auditor counts FLOPs in the job), "
+                "tensor_pipe_active or sm_active (dcgm-exporter's profiling), gpu_utilization "
+                "(NVML's busy time: an occupancy flag, the last resort). "
+                "AuditorUnderusedMultiGpuNode fires on this series.",
+                w=8,
+                **PERCENT,
+            ),
+            series(
+                "MFU per rank",
+                (sel(C.RANK_MFU_RATIO.name, NODE, JOB), RANK_LEGEND),
+                description="Achieved FLOP/s over the device's dense peak for the dtypes the "
+                "rank's FLOPs ran in. " + MFU_NOT_MEASURED,
+                w=8,
+                **PERCENT,
+            ),
+            series(
+                "Tensor pipe and SM activity (DCGM)",
+                (_gpu(C.GPU_TENSOR_PIPE_ACTIVE_RATIO.name), LEGEND + " tensor pipe"),
+                (_gpu(C.GPU_SM_ACTIVE_RATIO.name), LEGEND + " SM"),
+                description="dcgm-exporter's DCGM_FI_PROF_PIPE_TENSOR_ACTIVE and "
+                "DCGM_FI_PROF_SM_ACTIVE (deploy/dcgm/counters.csv): the share of cycles the "
+                "tensor pipe ran and an SM had a warp. Empty without dcgm-exporter's profiling "
+                "(data-center GPUs only).",
+                w=8,
+                **PERCENT,
             ),
         ),
     )

@@ -11,6 +11,10 @@ outermost call is timed (``all_gather_object`` runs ``all_gather`` inside), only
 thread, and never inside the DDP comm hook (timed there already). A call on another thread (a
 metric or checkpoint thread) is no phase of the step: it is counted, and the rank lists
 "collectives off the training thread" as not measured.
+
+Each timed call also books the bytes it carries (:func:`payload_bytes`), in NCCL-tests' size
+convention, so the analysis can tell a slow transfer from a wait for a late peer and give the
+bus bandwidth achieved.
 """
 
 from __future__ import annotations
@@ -56,6 +60,54 @@ COLLECTIVES = (
 COLLECTIVES_DIST_ONLY = ("_broadcast_coalesced",)
 
 
+def _nbytes(t: Any) -> int:
+    n = getattr(t, "nbytes", None)
+    return n if isinstance(n, int) else 0
+
+
+def _list_bytes(ts: Any) -> int:
+    return sum(map(_nbytes, ts)) if isinstance(ts, (list, tuple)) else 0
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+# name -> the bytes of one call, NCCL-tests' "size": the buffer of an all-reduce, broadcast or
+# reduce; the whole output of an all-gather; the whole input of a reduce-scatter or all-to-all.
+# Object collectives (pickled, size unknown here) and barriers carry none.
+_PAYLOAD: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], int]] = {
+    "all_reduce": lambda a, k: _nbytes(_arg(a, k, 0, "tensor")),
+    "all_reduce_coalesced": lambda a, k: _list_bytes(_arg(a, k, 0, "tensors")),
+    "broadcast": lambda a, k: _nbytes(_arg(a, k, 0, "tensor")),
+    "reduce": lambda a, k: _nbytes(_arg(a, k, 0, "tensor")),
+    "all_gather": lambda a, k: _list_bytes(_arg(a, k, 0, "tensor_list")),
+    "all_gather_into_tensor": lambda a, k: _nbytes(_arg(a, k, 0, "output_tensor")),
+    "_all_gather_base": lambda a, k: _nbytes(_arg(a, k, 0, "output_tensor")),
+    "all_gather_coalesced": lambda a, k: sum(
+        map(_list_bytes, _arg(a, k, 0, "output_tensor_lists") or ())
+    ),
+    "reduce_scatter": lambda a, k: _list_bytes(_arg(a, k, 1, "input_list")),
+    "reduce_scatter_tensor": lambda a, k: _nbytes(_arg(a, k, 1, "input")),
+    "_reduce_scatter_base": lambda a, k: _nbytes(_arg(a, k, 1, "input")),
+    "all_to_all": lambda a, k: _list_bytes(_arg(a, k, 1, "input_tensor_list")),
+    "all_to_all_single": lambda a, k: _nbytes(_arg(a, k, 1, "input")),
+    "gather": lambda a, k: _nbytes(_arg(a, k, 0, "tensor")),
+    "scatter": lambda a, k: _nbytes(_arg(a, k, 0, "tensor")),
+}
+
+
+def payload_bytes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The bytes one call of collective ``name`` carries; None where not known."""
+    size = _PAYLOAD.get(name)
+    if size is None:
+        return None
+    try:
+        return size(args, kwargs) or None
+    except Exception:  # an unexpected call shape: the bytes are unknown, the call goes on
+        return None
+
+
 def hook_collectives(probe: Probe, torch: Any) -> None:
     if not torch.distributed.is_available():
         return
@@ -63,8 +115,8 @@ def hook_collectives(probe: Probe, torch: Any) -> None:
     dist = torch.distributed
     clock = probe.clock
     get_ident = threading.get_ident
-    # Names of async Works launched through the wrappers, until they are waited on.
-    launched: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+    # Names (and bytes) of async Works launched through the wrappers, until they are waited on.
+    launched: weakref.WeakKeyDictionary[Any, tuple[str, int | None]] = weakref.WeakKeyDictionary()
     # Inside a counted off-thread collective, per thread: nested calls are part of it.
     off_thread = threading.local()
 
@@ -107,11 +159,11 @@ def hook_collectives(probe: Probe, torch: Any) -> None:
                     probe._coll_depth -= 1
                 if work is not None:
                     try:
-                        launched[work] = name
+                        launched[work] = (name, payload_bytes(name, args, kwargs))
                     except TypeError:
                         pass
                 return work
-            clock.collective_begin(name)
+            clock.collective_begin(name, payload_bytes(name, args, kwargs))
             probe._coll_depth += 1
             try:
                 return orig(*args, **kwargs)
@@ -155,10 +207,10 @@ def hook_collectives(probe: Probe, torch: Any) -> None:
         if probe._coll_depth:
             return orig_wait(self, *args, **kwargs)
         try:
-            name = launched.pop(self, None) or "wait"
+            name, nbytes = launched.pop(self, ("wait", None))
         except TypeError:
-            name = "wait"
-        clock.collective_begin(name)
+            name, nbytes = "wait", None
+        clock.collective_begin(name, nbytes)
         probe._coll_depth += 1
         try:
             return orig_wait(self, *args, **kwargs)

@@ -34,7 +34,11 @@ class TimedCommHook:
 
     def run(self, bucket: Any) -> Any:
         clock = self.clock
-        clock.bucket_launched()
+        try:
+            nbytes = bucket.buffer().nbytes
+        except Exception:  # a bucket without its flat buffer: the bytes are unknown
+            nbytes = None
+        clock.bucket_launched(nbytes)
         # The inner hook's own dist.all_reduce is this wait: not timed a second time.
         clock.hook_depth += 1
         try:

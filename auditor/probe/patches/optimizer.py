@@ -21,6 +21,12 @@ def hook_optimizer(probe: Probe, torch: Any) -> None:
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if probe.active:
             clock.optimizer_end()
+            flops = probe.flops
+            if flops is not None and flops.counting:
+                try:
+                    flops.step_end()
+                except Exception:
+                    pass  # the probe must never take the training job down
             if probe.memory is not None:
                 try:
                     probe.memory.after_step(probe.model, optimizer)
