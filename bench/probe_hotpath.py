@@ -24,8 +24,13 @@ inside the skipped warm-up, so no median holds it): that step's own extra cost, 
 reports it (``FlopCount.cost_s``), is summarised apart (``flops_count_cost_ms_median``); every
 other step pays only a shape comparison at the model's forward, which the per-step figures hold.
 
+With ``--against REV`` each round also runs REV's probe (checked out into a temporary git
+worktree, booted from there) beside this tree's: ``cost_vs_against_us`` is the median over
+rounds of (this tree's probe - REV's probe), what a change costs every step; the result goes to
+``probe_hotpath_against.json``.
+
     python bench/probe_hotpath.py [--pairs 7] [--steps 20000] [--collective]
-        [--memory [--memory-every N]]
+        [--memory [--memory-every N]] [--against REV]
 
 A smoke run that leaves the real results alone:
 ``BENCH_RESULTS_DIR=/tmp/hot python bench/probe_hotpath.py --pairs 1 --steps 300 --memory``.
@@ -48,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 from auditor.cluster.intake import RankIntake
-from auditor.cluster.probing import probe_env
+from auditor.cluster.probing import BOOT_DIR, probe_env
 from auditor.probe.memory import ACTIVATIONS_EVERY
 
 # The loop's first steps (start-up, the probe attaching) are left out of its median.
@@ -119,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-every", type=int, default=None, metavar="N",
                    help="AUDITOR_PROBE_MEMORY_EVERY for the probe with memory on "
                         "(default: the probe's own, every 10th forward)")  # fmt: skip
+    p.add_argument("--against", metavar="REV", default=None,
+                   help="also run REV's probe (a git worktree) beside this tree's")  # fmt: skip
     args = p.parse_args(argv)
     if args.steps <= SKIPPED_STEPS:
         p.error(f"--steps must be more than the {SKIPPED_STEPS} warm-up steps the loop skips")
@@ -139,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         }
     else:
         arms = {"plain": base, "probe": probed}
+    worktree = _worktree(args.against) if args.against else None
+    if worktree is not None:
+        arms["against"] = _booted_from(probed, worktree)
     names = list(arms)
     rounds: list[dict[str, Any]] = []
     try:
@@ -160,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             ))  # fmt: skip
     finally:
         intake.stop()
+        if worktree is not None:
+            subprocess.run(["git", "-C", c.REPO, "worktree", "remove", "--force", worktree],
+                           capture_output=True)  # fmt: skip
 
     def cost(arm: str, against: str, key: str) -> float:
         return round(statistics.median(q[arm][key] - q[against][key] for q in rounds), 2)
@@ -206,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             }
         )
+    if worktree is not None:
+        summary["against"] = args.against
+        summary["cost_vs_against_us"] = cost(probe, "against", "wall_us")
+        summary["cpu_vs_against_us"] = cost(probe, "against", "cpu_us")
+        summary["against_cost_per_step_us"] = cost("against", "plain", "wall_us")
     name = "probe_hotpath" + ("_memory" if args.memory else "")
+    name += "_against" if worktree is not None else ""
     name += "_collective" if args.collective else ""
     c.write_result(name, {"summary": summary, "runs": rounds})
     print(json.dumps(summary, indent=2))
@@ -231,6 +250,26 @@ def received(
         if not probed or got.ended or time.monotonic() > deadline:
             return steps, budgets, list(costs.values())
         time.sleep(0.05)
+
+
+def _worktree(rev: str) -> str:
+    """``rev`` checked out (detached) into a temporary worktree."""
+    path = tempfile.mkdtemp(prefix="aud-hot-rev-")
+    os.rmdir(path)
+    subprocess.run(["git", "-C", c.REPO, "worktree", "add", "--detach", path, rev],
+                   check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def _booted_from(probed: dict[str, str], tree: str) -> dict[str, str]:
+    """The probed environment with the probe booted from ``tree``'s package, not this one's."""
+    env = dict(probed)
+    rest = [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x and x != BOOT_DIR]
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(tree, "auditor", "probe", "boot"), tree, *rest]
+    )
+    env["AUDITOR_PROBE_ROOT"] = tree
+    return env
 
 
 def _pct(cost_us: float, step_ms: float) -> float:
