@@ -13,7 +13,7 @@ import importlib.machinery
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -37,8 +37,7 @@ def install(*, sink_path: str | None = None, job: str = "") -> None:
     if torch is not None and hasattr(torch, "nn"):
         _attach(torch, sink_path=sink_path, job=job)
         return
-    if not any(isinstance(f, _TorchImportWatcher) for f in sys.meta_path):
-        sys.meta_path.insert(0, _TorchImportWatcher(sink_path=sink_path, job=job))
+    watch_import("torch", lambda module: _attach(module, sink_path=sink_path, job=job))
 
 
 def _attach(torch: ModuleType, *, sink_path: str | None, job: str) -> None:
@@ -79,27 +78,29 @@ def say_not_attached(reason: str) -> None:
         pass
 
 
-class _TorchImportWatcher(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps torch's own loader so the probe attaches after it ran."""
+class ModuleWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of module ``name`` so that ``then(module)`` runs
+    right after the module ran (once: the watcher then leaves ``sys.meta_path``). ``then``
+    must not raise: the script's own import would fail with it."""
 
-    def __init__(self, *, sink_path: str | None, job: str) -> None:
-        self._sink_path = sink_path
-        self._job = job
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self._then = then
         self._busy = False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torch" or self._busy:
+        if fullname != self.name or self._busy:
             return None
         self._busy = True
         try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         finally:
             self._busy = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
-        spec.loader = _AttachingLoader(spec.loader, self)
+        spec.loader = _ThenLoader(spec.loader, self)
         return spec
 
     def loaded(self, module: ModuleType) -> None:
@@ -107,17 +108,23 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
         except ValueError:
             pass
-        _attach(module, sink_path=self._sink_path, job=self._job)
+        self._then(module)
 
 
-class _AttachingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, watcher: _TorchImportWatcher) -> None:
+def watch_import(name: str, then: Callable[[ModuleType], None]) -> None:
+    """``then(module)`` right after the process imports module ``name`` (one watcher a name)."""
+    if not any(isinstance(f, ModuleWatcher) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, ModuleWatcher(name, then))
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, watcher: ModuleWatcher) -> None:
         self._inner = inner
         self._watcher = watcher
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        module: ModuleType | None = self._inner.create_module(spec)
-        return module
+        create = getattr(self._inner, "create_module", None)
+        return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)

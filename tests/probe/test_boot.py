@@ -17,7 +17,7 @@ import os, sys
 print("ENV", os.environ.get("USER_SITE_RAN"))
 print("AUDITOR_IMPORTED", "auditor" in sys.modules)
 print("TORCH_IMPORTED", "torch" in sys.modules)
-watching = any(type(f).__name__ == "_TorchImportWatcher" for f in sys.meta_path)
+watching = any(getattr(f, "name", None) == "torch" for f in sys.meta_path)
 print("WATCHING", watching)
 if "--torch" in sys.argv:
     import torch

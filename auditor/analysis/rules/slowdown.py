@@ -100,6 +100,10 @@ class Thresholds:
     max_changes: changes of the job's step looked for (binary segmentation's splits).
     max_batch_change: a change across which a rank's batch per step changed by more than this
         share is the batch's (more work per step by design), not a slowdown.
+    min_lasting_s: seconds a change blamed on ranks must have lasted (from it to the latest
+        step) to be more than info: while it lasts, a slow spell of a few seconds on a busy
+        host looks like a change (a live verdict's false alarm on a balanced job); a real one
+        is a warning seconds later.
     """
 
     min_steps: int = 8
@@ -114,6 +118,7 @@ class Thresholds:
     min_speedup: float = 1.1
     max_changes: int = 8
     max_batch_change: float = 0.05
+    min_lasting_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -403,9 +408,11 @@ def _finding(
             Fix(LEVER_OF.get(c.phase, "rank_work"), r, None, None, speedup, (KIND,))
             for r, c in sorted(leaders.items())
         )
+        lasted = i.end[latest[1] - 1] - time
+        evidence["lasted_s"] = round(lasted, 2)
         return Finding(
             kind=KIND,
-            severity=severity_for(speedup),
+            severity=severity_for(speedup) if lasted >= t.min_lasting_s else "info",
             ranks=tuple(sorted(leaders)),
             facts=Facts(step, time, before, after, now, dict(leaders)),
             evidence=evidence,

@@ -12,13 +12,13 @@ inside a save (DCP's writer calls ``torch.save``) is one checkpoint.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from ..importhook import watch_import
 
 if TYPE_CHECKING:
     from ..probe import Probe
@@ -37,8 +37,8 @@ def hook_checkpoint(probe: Probe, torch: Any) -> None:
     dcp = sys.modules.get(_DCP)
     if dcp is not None:
         _patch_dcp(saver, dcp)
-    elif not any(isinstance(f, _DcpWatcher) for f in sys.meta_path):
-        sys.meta_path.insert(0, _DcpWatcher(saver))
+    else:
+        watch_import(_DCP, lambda module: _patch_dcp_quietly(saver, module))
 
 
 class _Saver:
@@ -82,51 +82,8 @@ def _patch_dcp(saver: _Saver, dcp: ModuleType) -> None:
                 setattr(module, name, saver.wrap(fn))
 
 
-class _DcpWatcher(importlib.abc.MetaPathFinder):
-    """Patches ``torch.distributed.checkpoint`` once the script imports it."""
-
-    def __init__(self, saver: _Saver) -> None:
-        self._saver = saver
-        self._busy = False
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _DCP or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader, self)
-        return spec
-
-    def loaded(self, module: ModuleType) -> None:
-        try:
-            _patch_dcp(self._saver, module)
-        except Exception:
-            pass  # never break the job: its saves go unnamed
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, watcher: _DcpWatcher) -> None:
-        self._inner = inner
-        self._watcher = watcher
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        create = getattr(self._inner, "create_module", None)
-        return create(spec) if create is not None else None
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        self._watcher.loaded(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+def _patch_dcp_quietly(saver: _Saver, dcp: ModuleType) -> None:
+    try:
+        _patch_dcp(saver, dcp)
+    except Exception:
+        pass  # never break the job: its saves go unnamed

@@ -26,12 +26,12 @@ finder waits for ``deepspeed.runtime.engine`` and patches the class right after 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from ..importhook import watch_import
 
 if TYPE_CHECKING:
     from ..probe import Probe
@@ -46,8 +46,8 @@ def hook_deepspeed(probe: Probe, torch: Any) -> None:
     module = sys.modules.get(ENGINE_MODULE)
     if module is not None and hasattr(module, "DeepSpeedEngine"):
         patch_engine(probe, module.DeepSpeedEngine)
-    elif not any(isinstance(f, _EngineWatcher) for f in sys.meta_path):
-        sys.meta_path.insert(0, _EngineWatcher(probe))
+    else:
+        watch_import(ENGINE_MODULE, lambda module: _patch_quietly(probe, module))
 
 
 def updates_now(engine: Any) -> bool:
@@ -111,52 +111,9 @@ def patch_engine(probe: Probe, cls: Any) -> None:
     cls._auditor_timed = True
 
 
-class _EngineWatcher(importlib.abc.MetaPathFinder):
-    """Patches ``DeepSpeedEngine`` once the script's ``import deepspeed`` loads its module."""
-
-    def __init__(self, probe: Probe) -> None:
-        self._probe = probe
-        self._busy = False
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != ENGINE_MODULE or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader, self)
-        return spec
-
-    def loaded(self, module: ModuleType) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        try:
-            patch_engine(self._probe, module.DeepSpeedEngine)
-        except Exception:
-            # Never break the job: the engine's steps are then what the torch patches see.
-            self._probe.mark_unmeasured(UNHOOKED)
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, watcher: _EngineWatcher) -> None:
-        self._inner = inner
-        self._watcher = watcher
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        create = getattr(self._inner, "create_module", None)
-        return create(spec) if create is not None else None
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        self._watcher.loaded(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+def _patch_quietly(probe: Probe, module: ModuleType) -> None:
+    try:
+        patch_engine(probe, module.DeepSpeedEngine)
+    except Exception:
+        # Never break the job: the engine's steps are then what the torch patches see.
+        probe.mark_unmeasured(UNHOOKED)
