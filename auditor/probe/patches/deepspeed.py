@@ -31,7 +31,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..importhook import watch_import
+from ..watch import watch_import
 
 if TYPE_CHECKING:
     from ..probe import Probe
