@@ -444,11 +444,10 @@ def _climb(name: str, s: Series, first: int, last: int, t: Thresholds) -> Climb 
         intercept = statistics.median(y - rate * x for x, y in late)
         spread = _MAD_SCALE * statistics.median(abs(y - intercept - rate * x) for x, y in late)
     recent = [(x, y) for x, y in zip(xs, ys, strict=True) if x >= xs[-1] - _RECENT * span]
-    if len({y for _, y in recent}) < 2:
-        return None  # flat at the end: the memory was taken once, it does not climb
-    at_end = theil_sen(*zip(*recent, strict=True))
-    if at_end is None or at_end < t.later_ratio * rate:
-        return None  # the rise stopped: a level shift, not a climb
+    if len({y for _, y in recent}) >= half:  # enough levels at the end to judge them
+        at_end = theil_sen(*zip(*recent, strict=True))
+        if at_end is not None and at_end < t.later_ratio * rate:
+            return None  # the rise stopped: a level shift, not a climb
     band = max(_ON_LINE_SPREADS * spread, _ON_LINE_RISE * rise)
     since = _on_line_since(s, rate, intercept, band)
     return Climb(
