@@ -20,6 +20,7 @@ from auditor.analysis.engine import review
 from auditor.analysis.findings import Finding, finding_order
 from auditor.analysis.rules.slowdown import Facts as Slowdown
 from auditor.analysis.snapshot import LIVE_WARMUP_S, WARMUP_STEPS, Snapshot
+from auditor.analysis.spread import PARTS, part_bounds, with_ranges
 from auditor.report.json_report import make_report
 from auditor.report.model import DeadRank as DeadRank
 from auditor.report.model import Report, ReportFinding
@@ -209,27 +210,57 @@ class Audit:
     ) -> tuple[Snapshot, list[Finding]]:
         """The verdict over the whole run (what the store still holds), or over the last
         ``window_s`` seconds before ``now`` (default: the newest sample); where the run turned
-        slow, with the steps since the change judged as well (:meth:`_judge_latest_segment`)."""
+        slow, with the steps since the change judged as well (:meth:`_judge_latest_segment`);
+        each predicted speed-up with the range it is sure of (:meth:`_with_ranges`)."""
         end = now if now is not None else self.store.latest_time()
         snap = self.store.snapshot(end if end is not None else 0.0, window_s)
         if self.store.ranks:
             self.judge_snapshot(snap)
-            self._judge_latest_segment(snap)
+            since = self._judge_latest_segment(snap)
+            self._with_ranges(snap, since)
         return snap, list(self.findings)
 
-    def _judge_latest_segment(self, whole: Snapshot) -> None:
+    def _with_ranges(self, whole: Snapshot, since: float | None) -> None:
+        """Each predicted speed-up with its range (:mod:`auditor.analysis.spread`): the rules
+        on each part of the window its finding was judged on, the whole window or, for a
+        finding marked ``since_step``, the segment since the change (starting at ``since``)."""
+        if not any(f.predicted_speedup is not None for f in self.findings):
+            return
+
+        def ranged(found: list[Finding], start: float) -> list[Finding]:
+            for parts in PARTS:  # quarters, then halves for what quarters were too short for
+                if all(f.predicted_range or f.predicted_speedup is None for f in found):
+                    break
+                cut = part_bounds(start, whole.end, parts)
+                found = with_ranges(
+                    found,
+                    [
+                        judge(self.store.snapshot(hi, hi - lo), self.overrides).findings
+                        for lo, hi in cut
+                    ],
+                )
+            return found
+
+        segment = [f for f in self.findings if "since_step" in f.evidence]
+        rest = ranged([f for f in self.findings if "since_step" not in f.evidence], whole.start)
+        if segment and since is not None:
+            segment = ranged(segment, since)
+        self.findings = sorted(rest + segment, key=finding_order)
+
+    def _judge_latest_segment(self, whole: Snapshot) -> float | None:
         """Where the run changed for good (a ``slowdown`` found), the steps since the latest
         change judged too: the findings that segment shows and the whole run's medians miss
         join the verdict, marked with the step the segment starts at (``since_step``); of a
-        finding of the same kind and ranks in both, the more severe is kept."""
+        finding of the same kind and ranks in both, the more severe is kept. Returns when the
+        segment starts (None: no segment judged)."""
         changes = [
             (f.facts.time, f.facts.step) for f in self.findings if isinstance(f.facts, Slowdown)
         ]
         if not changes:
-            return
+            return None
         at, step = max(changes)
         if not whole.start < at < whole.end:
-            return
+            return None
         segment = judge(self.store.snapshot(whole.end, whole.end - at), self.overrides)
         kept = {_same(f): f for f in self.findings}
         for f in segment.findings:
@@ -239,6 +270,7 @@ class Audit:
         checked = check(sorted(kept.values(), key=finding_order), whole)
         self.findings = list(checked.findings)
         self.set_aside += checked.set_aside
+        return at
 
     def report(
         self,

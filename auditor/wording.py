@@ -74,6 +74,23 @@ def fmt_speedup(speedup: float, digits: int = 1) -> str:
     return f"{speedup:.{digits}f}x"
 
 
+def fmt_predicted(speedup: float, span: Any = None, digits: int = 1) -> str:
+    """A predicted speed-up with the range it is sure of: ``4.2x (3.8-5.0x)``; the figure alone
+    (``4.2x``) where there is no range, or one that rounds to a single figure."""
+    point = fmt_speedup(speedup, digits)
+    if isinstance(span, (tuple, list)) and len(span) == 2 and all(map(is_number, span)):
+        lo, hi = f"{span[0]:.{digits}f}", f"{span[1]:.{digits}f}"
+        if lo != hi:
+            return f"{point} ({lo}-{hi}x)"
+    return point
+
+
+def fmt_expected(speedup: float, span: Any = None) -> str:
+    """What a fix is expected to give: :func:`fmt_predicted`, ``about 4.2x`` without a range."""
+    said = fmt_predicted(speedup, span)
+    return said if "(" in said else f"about {said}"
+
+
 # Speed-ups below this are not worth naming next to a finding.
 NAMED_SPEEDUP = 1.02
 

@@ -16,19 +16,20 @@ onset. Then the advice is applied and the job run again: loader levers with ``au
 --apply before.json`` where this auditor has ``--apply``, everything else with the job's own
 knob, read from the finding's typed fixes (``--fix RANK.LEVER=VALUE``). Achieved speed-up = the
 job's step rate after the onset, after / before (``FAULT_RATE``, printed by the job); predicted =
-the final report's ``predicted_speedup`` of the finding. Controls run once: any finding at
-warning or above, live or final, is a false alarm.
+the final report's ``predicted_speedup`` of the finding, and whether the achieved one fell inside
+its ``predicted_range`` (the figure itself where the report gives no range). Controls run
+once: any finding at warning or above, live or final, is a false alarm.
 
     python bench/faults.py [--quick] [--cases a,b] [--seconds 22] [--fault-after 10]
                            [--ray none|shared|embedded] [--keep DIR]
 
 Writes bench/results/faults.json (``--quick``: faults_quick.json; ``--cases``:
 faults_cases.json) and prints a table; the last line reads ``faults: found F/N, false alarms
-A/C, advice within 20%: W/V, median detection S s``. A memory climb's rate and a slowdown's
-step are also set against the job's own measure of its fault (``FAULT_MEMORY``,
+A/C, advice within 20%: W/V, inside range: I/V, median detection S s``. A memory climb's rate
+and a slowdown's step are also set against the job's own measure of its fault (``FAULT_MEMORY``,
 ``FAULT_STEP``): within 20% of the rate, within 5% of the steps (``measure_holds``).
 Goals: every case found with the right ranks, 0 false alarms, every predicted speed-up within
-20% of the achieved one, median detection within 3 s.
+20% of the achieved one and inside its range, median detection within 3 s.
 """
 
 from __future__ import annotations
@@ -293,6 +294,8 @@ def run_case(
         if predicted is None and hit is not None:
             predicted = hit.predicted_speedup
         rec["predicted_speedup"] = predicted
+        span = (final or {}).get("predicted_range")
+        rec["predicted_range"] = span if isinstance(span, list) and len(span) == 2 else None
         rec["actions"] = actions
         if not isinstance(predicted, (int, float)):
             rec["not_judged"] = "the finding predicts no speed-up"
@@ -319,6 +322,9 @@ def run_case(
                 ratio = predicted / rec["achieved_speedup"]
                 rec["predicted_over_achieved"] = round(ratio, 3)
                 rec["within_20pct"] = abs(ratio - 1.0) <= GOAL_RATIO
+                # Inside the range the verdict gave (the point alone where it gave none).
+                lo, hi = rec["predicted_range"] or (predicted, predicted)
+                rec["inside_range"] = lo <= rec["achieved_speedup"] <= hi
         return rec
     finally:
         if args.keep:
@@ -463,6 +469,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "controls": len(controls),
         "advice_within_20pct": sum(1 for r in judged if r["within_20pct"]),
         "advice_judged": len(judged),
+        "inside_range": sum(1 for r in judged if r.get("inside_range")),
         "median_detection_s": round(statistics.median(lat), 2) if lat else None,
         # Findings whose figures are checked against the job's own measure (a climb's rate, a
         # change's step): how many of them came close enough.
@@ -475,6 +482,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "all_found": len(found) == len(faults),
             "no_false_alarms": all(r.get("ok") for r in controls),
             "advice_within_20pct": bool(judged) and all(r["within_20pct"] for r in judged),
+            "achieved_inside_range": bool(judged) and all(r.get("inside_range") for r in judged),
             "median_detection_within_3s": bool(lat) and statistics.median(lat) <= GOAL_LATENCY_S,
         },
     }
@@ -482,7 +490,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(records: list[dict[str, Any]]) -> str:
     rows = [f"{'case':22} {'class':28} {'result':9} {'ranks':6} {'detect':>7} "
-            f"{'pred':>6} {'achieved':>8} {'p/a':>6}  advice"]  # fmt: skip
+            f"{'pred':>6} {'range':>9} {'achieved':>8} {'p/a':>6} {'in':>3}  advice"]  # fmt: skip
 
     def num(r: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
         v = r.get(key)
@@ -498,7 +506,9 @@ def table(records: list[dict[str, Any]]) -> str:
         rows.append(
             f"{r['case']:22} {r['class'][:28]:28} {result:9} {ranks:6} "
             f"{num(r, 'latency_s', '{:.1f}s'):>7} {num(r, 'predicted_speedup'):>6} "
-            f"{num(r, 'achieved_speedup'):>8} {num(r, 'predicted_over_achieved'):>6}  "
+            f"{_span(r.get('predicted_range')):>9} "
+            f"{num(r, 'achieved_speedup'):>8} {num(r, 'predicted_over_achieved'):>6} "
+            f"{_yes(r.get('inside_range')):>3}  "
             f"{r.get('advice', '')[:60]}"
         )
         if r["control"] and r.get("false_alarms"):
@@ -509,6 +519,14 @@ def table(records: list[dict[str, Any]]) -> str:
         if notes:
             rows.append(f"{'':22}   {'; '.join(notes)}")
     return "\n".join(rows)
+
+
+def _span(span: Any) -> str:
+    return f"{span[0]:.2f}-{span[1]:.2f}" if isinstance(span, list) and len(span) == 2 else "-"
+
+
+def _yes(inside: Any) -> str:
+    return "-" if inside is None else ("yes" if inside else "no")
 
 
 def _measure_note(r: dict[str, Any]) -> str:
@@ -631,6 +649,7 @@ def last_line(s: dict[str, Any]) -> str:
     return (
         f"faults: found {s['found']}/{s['faults']}, false alarms {s['false_alarms']}/"
         f"{s['controls']}, advice within 20%: {s['advice_within_20pct']}/{s['advice_judged']}, "
+        f"inside range: {s.get('inside_range', 0)}/{s['advice_judged']}, "
         f"median detection {'-' if med is None else f'{med:.1f}'} s"
     )
 

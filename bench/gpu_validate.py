@@ -2,7 +2,7 @@
 
     python bench/gpu_validate.py [--dry-run] [--only NAME[,NAME...]] [--record-dir DIR]
 
-Seven groups of checks, one line each (``holds`` / ``falls short``, with the figure):
+Eight groups of checks, one line each (``holds`` / ``falls short``, with the figure):
 
 1. ``nvml``: every field of every GPU present, or missing with NVML's reason; values sane; the
    cost of one ``sample()``; a 20 s recording of a real CUDA training job (``gpu_jobs.py
@@ -37,8 +37,19 @@ Seven groups of checks, one line each (``holds`` / ``falls short``, with the fig
    job's report booking most of its time to precision (bf16 would give back half of it or more)
    with a ``low_mfu`` finding. (Its MFU against the fp32 peak is the card's fp32 matmul
    efficiency, near the bf16 job's: MFU is judged at the peak of the dtype the FLOPs ran in.)
-   And the bf16 job half-starved (each batch read for as long as a step computes): its MFU
-   0.3-0.7 of the fed job's, the gap's largest part ``data_wait`` (30% or more).
+   And the bf16 job half-starved (each batch read for as long as two steps compute: the read
+   overlaps the step the device still runs): its MFU 0.3-0.7 of the fed job's, the data wait
+   the largest part of its steps' gap and 30% or more of the steps' time.
+
+8. ``ray``: the verdict job balanced, two ranks on the one GPU, under ``auditor run`` on its
+   embedded Ray (no ``--no-ray``) with the real NVML source; meanwhile a watcher in a process
+   of its own (``--ray-look PID``) joins that Ray and reads the GPU monitors: Ray's actor table
+   (class, name, required resources, process) and each monitor's ``info()`` twice, 4 s apart.
+   (a) GPU 0's samples, with its UUID, over the run, from a ``GpuMonitor`` actor of that UUID
+   on the run's Ray node; (b) the actor requires no GPU and no CPU, and both ranks still run on
+   GPU 0; (c) the sampling thread's CPU per wall second per GPU, and the actor process's (figures).
+   Without Ray here: one line, ``ray: no Ray here`` (``bench/ray_bundle.py`` makes a trimmed
+   Ray to carry to a machine without one).
 
 Writes ``bench/results/gpu_validate.json`` (``BENCH_RESULTS_DIR`` to write elsewhere): the
 device's name and driver, and ``checks``: ``[{"name", "holds", "figure"}]``. Exit status: 0 when
@@ -49,13 +60,14 @@ every check holds, 1 when one falls short, 2 when there is no GPU and no ``--dry
 script, not the GPU. The timing checks are figures there (a CPU has no device clock to check),
 the verdict and memory checks hold as they do on a GPU.
 
-The device machine has torch but no Ray: everything runs with ``--no-ray`` and the node agent
-in-process; nothing here imports Ray.
+The device machine has torch but no Ray: every group but ``ray`` runs with ``--no-ray`` and the
+node agent in-process; only the ``ray`` group's watcher imports Ray.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -64,6 +76,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -476,23 +489,37 @@ def _ms(v: float | None) -> str:
 # -- 3. verdicts on the GPU -----------------------------------------------------------------------
 
 
-def audited(plan: Plan, name: str, command: Sequence[str]) -> tuple[dict[str, Any], Path]:
-    """``auditor run --no-ray`` around ``command``: its JSON report and its recording."""
+def audited(
+    plan: Plan,
+    name: str,
+    command: Sequence[str],
+    *,
+    ray: bool = False,
+    watch: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """``auditor run --no-ray`` around ``command`` (with ``ray``: on its embedded Ray): its JSON
+    report and its recording. ``watch`` is called in a thread with the auditor's PID while it
+    runs (it is waited for before this returns)."""
     report = plan.workdir / f"{name}.report.json"
     record = plan.record_dir / f"{name}.jsonl"
     log = plan.workdir / f"{name}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "auditor", "run", "--no-ray", "--quiet",
+            [sys.executable, "-m", "auditor", "run", *([] if ray else ["--no-ray"]), "--quiet",
              "--device-source", plan.source_spec, "--report", str(report), "--record",
              str(record), "--job", name, "--", *command],
             env=plan.env, cwd=c.REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+        watcher = threading.Thread(target=watch, args=(proc.pid,), daemon=True) if watch else None
+        if watcher is not None:
+            watcher.start()
         try:
             rc = proc.wait(timeout=plan.seconds * 3 + 90)
         except subprocess.TimeoutExpired:
             c.stop_tree(proc, grace_s=5)  # the auditor, torchrun and the ranks: nothing left
             rc = None
+        if watcher is not None:
+            watcher.join(timeout=60)
     if rc is None or not report.exists():
         print(c.tail(str(log), 3000), file=sys.stderr)
         raise RuntimeError(f"{name}: auditor run exited {rc} (its output above)")
@@ -963,7 +990,6 @@ def _starved_check(
     work = starved["job"].get("mfu") or {}
     gap = work.get("gap") or {}
     mfu, fed_mfu = work.get("mfu"), (fed["job"].get("mfu") or {}).get("mfu")
-    largest = max(gap, key=gap.__getitem__) if gap else None
     wait = starved["ranks"][0].get("data_wait_ratio")
     if plan.dry_run:  # no MFU on a CPU: the starvation itself, as the split will book it
         return Check(
@@ -973,17 +999,24 @@ def _starved_check(
             "on the CPU",
         )
     ratio = mfu / fed_mfu if mfu and fed_mfu else None
+    # The gap is over the whole run: an 8 s job's start-up is half of it. The steps' own parts
+    # are judged: the data wait the largest of them and 30% or more of the steps' time.
+    steps = {k: v for k, v in gap.items() if k not in ("startup", "teardown")}
+    steps_time = 1.0 - gap.get("startup", 0.0) - gap.get("teardown", 0.0)  # of the run
+    in_steps = steps.get("data_wait", 0.0) / steps_time if steps_time > 0 else 0.0
     holds = (
-        largest == "data_wait"
-        and gap.get("data_wait", 0) >= 0.3
+        bool(steps)
+        and max(steps, key=steps.__getitem__) == "data_wait"
+        and in_steps >= 0.3
         and ratio is not None
         and 0.3 <= ratio <= 0.7
     )
     return Check(
         "mfu.starved_to_data_wait",
         holds,
-        f"MFU {mfu} against the fed job's {fed_mfu} ({ratio}); the gap {gap}; data wait "
-        f"{wait} of the step (read {job.get('read_s', 0):.4f} s a batch)",
+        f"MFU {mfu} against the fed job's {fed_mfu} ({ratio}); the gap {gap}: data wait "
+        f"{in_steps:.2f} of the steps' time; data wait {wait} of the step (read "
+        f"{job.get('read_s', 0):.4f} s a batch)",
     )
 
 
@@ -1002,6 +1035,214 @@ def check_mfu(plan: Plan) -> list[Check]:
     ]
 
 
+# -- 8. the Ray path: the GPU monitor as a Ray actor ----------------------------------------------
+
+RAY_LOOK_S = 4.0  # the window over which the monitor's sampling cost is read (two info() calls)
+MONITOR_CLASS = "GpuMonitorCore"
+
+
+def _gcs_address(pid: int, deadline: float) -> str | None:
+    """The GCS address of the Ray that auditor run ``pid`` started (its raylet's argument)."""
+    while time.monotonic() < deadline:
+        try:
+            kids = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return None  # the auditor ended
+        for kid in kids:
+            try:
+                cmd = kid.cmdline()
+            except psutil.Error:
+                continue
+            for arg in cmd:
+                for flag in ("--gcs-address=", "--gcs_address="):
+                    if arg.startswith(flag):
+                        return arg.removeprefix(flag)
+        time.sleep(0.2)
+    return None
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(t.user + t.system)
+
+
+def _info(monitor: Any) -> dict[str, Any]:
+    import ray
+
+    got: Any = ray.get(monitor.info.remote(), timeout=10)
+    return dict(got)
+
+
+def ray_look(pid: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Join the Ray of auditor run ``pid`` while its job runs and read its GPU monitors: each
+    one's actor (class, name, required resources, process) from Ray's actor table and its own
+    ``info()`` twice, ``RAY_LOOK_S`` apart (the sampling thread's CPU over that window). Runs in
+    a process of its own (``--ray-look PID``): this one never joins a Ray."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    deadline = time.monotonic() + timeout_s
+    address = _gcs_address(pid, deadline)
+    if address is None:
+        return {"error": "no Ray under the auditor (no raylet with a GCS address)"}
+    ray.init(address=address, namespace="auditor", log_to_driver=False, logging_level=40)
+    try:
+        actors: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            table = state._connect_and_get_accessor().get_actor_table(None, "ALIVE")
+            rows = [gcs_pb2.ActorTableData.FromString(raw) for raw in table]  # type: ignore[attr-defined]
+            actors = [
+                {
+                    "name": a.name,
+                    "class": a.class_name,
+                    "required_resources": dict(a.required_resources),
+                    "pid": a.pid,
+                    "node_id": a.address.node_id.hex(),
+                }
+                for a in rows
+                if a.class_name.endswith(MONITOR_CLASS) and a.name and a.pid
+            ]
+            if actors:
+                break
+            time.sleep(0.2)
+        joined = time.monotonic() - (deadline - timeout_s)
+        handles = {a["name"]: ray.get_actor(a["name"]) for a in actors}
+        first = {n: _info(h) for n, h in handles.items()}
+        wall0 = time.monotonic()
+        proc0 = {a["name"]: _cpu_s(a["pid"]) for a in actors}
+        time.sleep(RAY_LOOK_S)
+        wall = time.monotonic() - wall0
+        for a in actors:
+            n = a["name"]
+            a["info"] = first[n]
+            # Over the window; or, where the run ended first, since the monitor started.
+            a["sampling_cpu_per_s"] = first[n].get("sampling_cpu_per_s")
+            a["window"] = False
+            p0, p1 = proc0[n], _cpu_s(a["pid"])
+            a["process_cpu_per_s"] = (p1 - p0) / wall if p0 is not None and p1 is not None else None
+            try:
+                last = _info(handles[n])
+            except Exception:
+                continue
+            cpu = last.get("sampling_cpu_s", 0.0) - first[n].get("sampling_cpu_s", 0.0)
+            a.update(info=last, sampling_cpu_per_s=cpu / wall, window=True)
+            a["samples_in_window"] = last["samples"] - first[n]["samples"]
+        return {"address": address, "actors": actors, "window_s": wall, "joined_s": joined}
+    finally:
+        ray.shutdown()
+
+
+def _watch_ray(plan: Plan, into: dict[str, Any]) -> Callable[[int], None]:
+    def watch(pid: int) -> None:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--ray-look", str(pid)],
+            env=plan.env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        lines = proc.stdout.strip().splitlines()
+        try:
+            into.update(json.loads(lines[-1]))
+        except (IndexError, ValueError):
+            into["error"] = f"--ray-look exited {proc.returncode}: {proc.stderr.strip()[-800:]}"
+
+    return watch
+
+
+def _have_ray() -> bool:
+    return importlib.util.find_spec("ray") is not None
+
+
+def check_ray(plan: Plan) -> list[Check]:
+    if not _have_ray():
+        return [Check("ray", False, "no Ray here (bench/ray_bundle.py --print-install)")]
+    import ray
+
+    # Long enough for the watcher to join the run's Ray and read the monitors over its window.
+    seconds = 12.0 if plan.dry_run else 15.0
+    job = [c.tool("torchrun"), "--standalone", "--nproc_per_node=2", JOBS, "verdict",
+           "--seconds", f"{seconds:g}", "--fault", "none"]  # fmt: skip
+    looked: dict[str, Any] = {}
+    t0 = time.time()
+    report, record = audited(plan, "ray_monitor", job, ray=True, watch=_watch_ray(plan, looked))
+    t1 = time.time()
+    rec = read_recording(record)
+    on_ray = not any("in-process" in str(n) for n in report.get("notes", []))
+    actors = looked.get("actors", [])
+    gpu0 = next((d for d in rec.batch.devices if d.index == 0), None)
+    uuid = gpu0.uuid if gpu0 is not None else None
+    samples = [d for d in rec.batch.devices if d.uuid == uuid]
+    span = (max(d.time for d in samples) - min(d.time for d in samples)) if samples else 0.0
+    mine = [a for a in actors if a["info"].get("uuid") == uuid]
+    pinned = bool(mine) and all(
+        a["info"].get("ray_node_id") == a["node_id"] and a["info"].get("index") == 0 for a in mine
+    )
+    spec = plan.source_spec.split(":")[0]
+    checks = [
+        Check(
+            "ray.monitor_actor",
+            on_ray
+            and pinned
+            # A recorded source repeats its one sample on a dry run: samples over time on a GPU.
+            and (plan.dry_run or (len(samples) >= seconds / 2 and span >= seconds / 2)),
+            f"Ray {ray.__version__} ({os.path.dirname(ray.__file__)}); "
+            + (
+                f"GPU 0 {uuid}: {len(samples)} samples over {span:.0f} s of a "
+                f"{t1 - t0:.0f} s run, from "
+                + (
+                    ", ".join(f"actor {a['name']} (pid {a['pid']}, {spec})" for a in mine)
+                    if mine
+                    else f"no monitor actor seen ({looked.get('error', 'none alive')})"
+                )
+                if uuid
+                else "no GPU in the recording"
+            )
+            + ("" if on_ray else f"; notes {report.get('notes')}"),
+            {"looked": looked, "notes": report.get("notes", [])},
+        )
+    ]
+    slots = {a["name"]: a["required_resources"] for a in actors}
+    no_slot = bool(slots) and all(not r.get("GPU") and not r.get("CPU") for r in slots.values())
+    ranks = _gpu_map(record)
+    sees = len(ranks) == 2 and all(us == (uuid,) for us in ranks.values())
+    stepped = all((r.get("steps") or 0) > 0 for r in report["ranks"]) and len(report["ranks"]) == 2
+    checks.append(
+        Check(
+            "ray.no_gpu_slot",
+            no_slot and stepped and (sees or plan.dry_run),
+            f"monitor's required resources {slots or 'unknown'}; rank -> GPU {ranks}; "
+            + ", ".join(f"rank {r['rank']} {r.get('steps')} steps" for r in report["ranks"]),
+            {"required_resources": slots},
+        )
+    )
+    costs = [a["sampling_cpu_per_s"] for a in mine if a.get("sampling_cpu_per_s") is not None]
+    procs = [a["process_cpu_per_s"] for a in mine if a.get("process_cpu_per_s") is not None]
+    windowed = bool(mine) and all(a["window"] for a in mine)
+    how = f"over {looked.get('window_s', 0):.1f} s" if windowed else "since it started"
+    checks.append(
+        Check(
+            "ray.sampling_cost",
+            bool(costs) and len(costs) == len(mine),
+            (
+                f"sampling thread {max(costs) * 100:.3f}% of a core per GPU at "
+                f"{mine[0]['info']['interval_s']:g} s ({spec}, {how}); the monitor actor's "
+                "whole process "
+                + (f"{max(procs) * 100:.2f}%" if procs else "n/a")
+                + f" over {looked.get('window_s', 0):.1f} s"
+                if costs
+                else f"not measured ({looked.get('error', 'no monitor actor seen')})"
+            ),
+            {"sampling_cpu_per_s": costs, "process_cpu_per_s": procs, "windowed": windowed},
+        )
+    )
+    return checks
+
+
 # -- the plan -------------------------------------------------------------------------------------
 
 CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
@@ -1012,6 +1253,7 @@ CHECKS: dict[str, Callable[[Plan], list[Check]]] = {
     "sampling": check_sampling,
     "over_time": check_over_time,
     "mfu": check_mfu,
+    "ray": check_ray,
 }
 
 
@@ -1053,7 +1295,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-dir", help="where the recordings go (default tests/data/<gpu>_live)")
     p.add_argument("--seconds", type=float, default=None, help="each job's training time")
     p.add_argument("--profile", action="store_true", help="also profile one probed phase arm")
+    p.add_argument("--ray-look", type=int, help=argparse.SUPPRESS)  # the ray group's watcher
     args = p.parse_args(argv)
+    if args.ray_look is not None:
+        print(json.dumps(ray_look(args.ray_look)), flush=True)
+        return 0
     only = [x for x in args.only.split(",") if x] or list(CHECKS)
     unknown = sorted(set(only) - set(CHECKS))
     if unknown:
@@ -1073,7 +1319,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         record_dir = Path(c.REPO, "tests", "data", gpu_folder(device["name"]))
     record_dir.mkdir(parents=True, exist_ok=True)
-    env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE, "PYTHONPATH": c.REPO})
+    # The repository first, then whatever was on the path (a Ray unpacked by ray_bundle.py).
+    path = os.pathsep.join([c.REPO, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE, "PYTHONPATH": path})
     plan = Plan(
         dry_run=args.dry_run,
         source_spec=f"recorded:{dry_source(workdir)}" if args.dry_run else "nvml",

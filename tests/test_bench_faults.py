@@ -94,29 +94,35 @@ def test_the_summary_and_its_last_line(bench: Any, capsys: pytest.CaptureFixture
     records: list[dict[str, Any]] = [
         {"case": "a", "class": "x", "control": False, "expected": {"ranks": [1]}, "found": True,
          "latency_s": 2.0, "predicted_speedup": 2.0, "achieved_speedup": 1.9,
-         "predicted_over_achieved": 1.05, "within_20pct": True},
+         "predicted_over_achieved": 1.05, "within_20pct": True,
+         "predicted_range": [1.8, 2.2], "inside_range": True},
         {"case": "b", "class": "y", "control": False, "expected": {"ranks": [0]}, "found": False,
          "other_live_findings": ["compute_straggler 0"]},
         {"case": "c", "class": "z", "control": False, "expected": {"ranks": [1]}, "found": True,
          "latency_s": 4.0, "predicted_speedup": 3.0, "achieved_speedup": 2.0,
-         "predicted_over_achieved": 1.5, "within_20pct": False},
+         "predicted_over_achieved": 1.5, "within_20pct": False,
+         "predicted_range": [2.6, 3.1], "inside_range": False},
         {"case": "k", "class": "control", "control": True, "ok": False,
          "false_alarms": ["data_starvation 1"]},
     ]  # fmt: skip
     s = faults.summarize(records)
     assert (s["found"], s["faults"], s["false_alarms"], s["controls"]) == (2, 3, 1, 1)
     assert (s["advice_within_20pct"], s["advice_judged"], s["median_detection_s"]) == (1, 2, 3.0)
+    assert s["inside_range"] == 1
     assert s["by_class"] == {"x": "found", "y": "missed", "z": "found"}
     assert s["goals"] == {
         "all_found": False,
         "no_false_alarms": False,
         "advice_within_20pct": False,
+        "achieved_inside_range": False,
         "median_detection_within_3s": True,
     }
     text = faults.table(records)
     assert "MISSED" in text and "ALARM" in text and "seen instead: compute_straggler 0" in text
+    assert "1.80-2.20" in text and "2.60-3.10" in text
     assert faults.last_line(s) == (
-        "faults: found 2/3, false alarms 1/1, advice within 20%: 1/2, median detection 3.0 s"
+        "faults: found 2/3, false alarms 1/1, advice within 20%: 1/2, inside range: 1/2, "
+        "median detection 3.0 s"
     )
 
 

@@ -32,6 +32,8 @@ PLAN = {
         "starved_to_data_wait",
     ),
 }
+# The ray group (the GPU monitor as a Ray actor of auditor run's embedded Ray) is its own test.
+RAY_PLAN = ("monitor_actor", "no_gpu_slot", "sampling_cost")
 
 
 @pytest.mark.e2e
@@ -39,7 +41,13 @@ PLAN = {
 def test_dry_run_runs_every_check_of_the_plan(tmp_path: Path) -> None:
     env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu_validate.py"), "--dry-run"],
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_validate.py"),
+            "--dry-run",
+            "--only",
+            *[",".join(PLAN)],
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -74,6 +82,41 @@ def test_dry_run_runs_every_check_of_the_plan(tmp_path: Path) -> None:
             f"gpu_validate: {sum(c['holds'] for c in checks.values())}/{len(checks)} checks hold"
         )
     )
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_dry_run_ray_group_sees_the_monitor_actor_on_the_embedded_ray(tmp_path: Path) -> None:
+    """The GPU monitor as a Ray actor of auditor run's own Ray: its GPU's samples come from it,
+    it holds no GPU (nor CPU) slot, and its sampling thread's cost is read from its info()."""
+    pytest.importorskip("ray")
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_validate.py"), "--dry-run", "--only", "ray"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    doc = json.loads((tmp_path / "gpu_validate_dry_run.json").read_text())
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert list(checks) == [f"ray.{n}" for n in RAY_PLAN], proc.stderr
+    for c in checks.values():
+        assert c["holds"], c["figure"]
+    assert checks["ray.no_gpu_slot"]["detail"]["required_resources"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_without_ray_the_ray_group_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu_validate as gv
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    monkeypatch.setattr(gv, "_have_ray", lambda: False)
+    plan = gv.Plan(False, "nvml", Path("."), Path("."), {}, 1.0, 1)
+    (check,) = gv.check_ray(plan)
+    assert not check.holds and check.line().startswith("falls short  ray: no Ray here")
 
 
 def _cuda() -> bool:

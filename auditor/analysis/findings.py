@@ -41,8 +41,9 @@ class Finding:
     changes as data (:class:`~auditor.analysis.fixes.Fix`); ``gpus`` the GPUs (UUIDs) it
     names; ``evidence`` is the measured record the JSON report carries (figures and codes, no
     words); ``predicted_speedup`` is the job's expected step-rate gain if every fix is applied,
-    under the DDP barrier model (:mod:`auditor.analysis.advisor`). ``cause`` names the kind
-    that explains a symptom finding such as ``utilization_imbalance``.
+    under the DDP barrier model (:mod:`auditor.analysis.advisor`), and ``predicted_range`` the
+    least and the most it is sure of (:mod:`auditor.analysis.spread`; None where not judged).
+    ``cause`` names the kind that explains a symptom finding such as ``utilization_imbalance``.
     """
 
     kind: str
@@ -54,6 +55,7 @@ class Finding:
     cause: str | None = None
     fixes: tuple[Fix, ...] = ()
     gpus: tuple[str, ...] = ()
+    predicted_range: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         # The kind is checked where the registry is known: the engine refuses a finding of a
@@ -80,6 +82,7 @@ class Finding:
             ),
             "evidence": self.evidence,
             "predicted_speedup": self.predicted_speedup,
+            "predicted_range": None if self.predicted_range is None else list(self.predicted_range),
             "cause": self.cause,
             "fixes": [fix.to_dict() for fix in self.fixes],
             "gpus": list(self.gpus),

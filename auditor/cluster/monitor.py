@@ -68,6 +68,8 @@ class GpuMonitorCore:
         self._errors = 0
         self._last_error: str | None = None
         self._started = clock()
+        self._loop_started = time.monotonic()
+        self._cpu_s = 0.0  # the sampling thread's own CPU time, as of its last loop
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="auditor-gpu", daemon=True)
         self._thread.start()
@@ -75,6 +77,7 @@ class GpuMonitorCore:
     def _loop(self) -> None:
         while True:
             self.sample_once()
+            self._cpu_s = time.thread_time()  # this thread's CPU: the sampling's cost, cheaply
             if self._stop.wait(self._interval):
                 return
 
@@ -118,6 +121,11 @@ class GpuMonitorCore:
             "samples": samples,
             "errors": errors,
             "last_error": last_error,
+            # The sampling thread's CPU seconds per wall second since it started (its cost).
+            "sampling_cpu_s": round(self._cpu_s, 6),
+            "sampling_cpu_per_s": round(
+                self._cpu_s / max(time.monotonic() - self._loop_started, 1e-9), 6
+            ),
         }
 
     def stop(self) -> None:

@@ -150,7 +150,13 @@ class RayAgent:
         gpus = _discover(device_source, node)
         for g in gpus:
             self.monitors[g.uuid] = start_monitor(
-                node_id, source_spec=device_source, node=node, uuid=g.uuid
+                node_id,
+                source_spec=device_source,
+                node=node,
+                uuid=g.uuid,
+                # Named in this run's own Ray only (a shared cluster may hold another run's):
+                # whoever joins it can ask a monitor for its info() by its GPU.
+                name=monitor_name(g.uuid) if self._owns_ray else None,
             )
         self._address = ray.get(self._actor.start.remote(), timeout=self._timeout)
         if gpus:
@@ -184,6 +190,11 @@ class RayAgent:
             if self._owns_ray:
                 _end_autoscaler_monitor(ray)
             ray.shutdown()
+
+
+def monitor_name(uuid: str) -> str:
+    """The name of GPU ``uuid``'s monitor actor in an embedded Ray (namespace ``auditor``)."""
+    return f"auditor-gpu-{uuid}"
 
 
 def _end_autoscaler_monitor(ray: Any) -> None:

@@ -82,6 +82,8 @@ def compare_reports(
         "speedup": {
             "measured": _round(measured, 3),
             "predicted": _round(predicted, 3),
+            "predicted_range": _span(predictor.predicted_range if predictor else None),
+            "inside_range": _inside(measured, predictor.predicted_range if predictor else None),
             "predicted_by": (
                 None
                 if predictor is None
@@ -118,7 +120,9 @@ def per_finding(before: Report, after: Report, measured: float | None) -> list[d
                 "ranks": list(f.ranks),
                 "severity": f.severity,
                 "predicted": _round(predicted, 3),
+                "range": _span(f.predicted_range),
                 "achieved": _round(measured, 3),
+                "inside_range": _inside(measured, f.predicted_range),
                 "achieved_share": (
                     _round(measured / predicted, 3) if measured and predicted else None
                 ),
@@ -252,8 +256,12 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
         if by.get("ranks"):
             line += f" on {ranks_text(by['ranks'])}"
         line += ")"
+        span = speed.get("predicted_range")
+        if span:
+            line += f", range {span[0]:.2f}-{span[1]:.2f}x"
         if is_number(measured) and predicted > 0:
             line += f"; measured is {measured / predicted:.0%} of it"
+            line += _inside_text(speed.get("inside_range"))
         emit(line)
     else:
         emit("Predicted by BEFORE's verdict: none (no finding there predicts one)")
@@ -336,10 +344,33 @@ def _outcome_text(f: Mapping[str, Any]) -> str:
     fate = "gone" if f.get("after") == "gone" else f"remains, {f.get('after')}"
     predicted, achieved = f.get("predicted"), f.get("achieved")
     said = f"predicted {predicted:.2f}x" if is_number(predicted) else "no prediction"
+    span = f.get("range")
+    if span and is_number(predicted):
+        said += f" ({span[0]:.2f}-{span[1]:.2f}x)"
     got = f"achieved {achieved:.2f}x" if is_number(achieved) else "achieved -"
     if is_number(achieved) and is_number(predicted) and predicted > 0:
-        got += f" ({achieved / predicted:.0%} of it)"  # as the headline's share is worked out
+        got += f" ({achieved / predicted:.0%} of it"  # as the headline's share is worked out
+        got += _inside_text(f.get("inside_range")) + ")"
     return f"{f.get('kind')}{who} ({f.get('severity')}; {fate} in AFTER): {said}, {got}"
+
+
+def _span(span: tuple[float, float] | None) -> list[float] | None:
+    return None if span is None else [round(span[0], 3), round(span[1], 3)]
+
+
+def _inside(measured: float | None, span: tuple[float, float] | None) -> bool | None:
+    """Whether the achieved speed-up fell inside the predicted range (None: either missing);
+    both as the document gives them, rounded."""
+    if measured is None or span is None:
+        return None
+    got, (lo, hi) = round(measured, 3), _span(span) or (0.0, 0.0)
+    return lo <= got <= hi
+
+
+def _inside_text(inside: object) -> str:
+    if inside is None:
+        return ""
+    return ", inside the range" if inside else ", outside the range"
 
 
 _STATES = {

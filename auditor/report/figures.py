@@ -26,7 +26,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from auditor.analysis.snapshot import Snapshot
-from auditor.report.model import BudgetEntry, RankEntry
+from auditor.report.measured import BudgetEntry
+from auditor.report.model import RankEntry
 from auditor.report.time_account import fmt_seconds, part_label
 from auditor.samples import DeviceSample
 from auditor.wording import finite_or_zero as _num

@@ -66,7 +66,7 @@ from auditor.wording import (
     fmt_count,
     fmt_duration,
     fmt_mib,
-    fmt_speedup,
+    fmt_predicted,
     is_number,
     ranks_text,
     speedup_worth_naming,
@@ -206,7 +206,9 @@ def _verdict_section(
                 for f in answered:
                     tag = f"{f.kind}, {f.severity}"
                     if speedup_worth_naming(f.predicted_speedup):
-                        tag += f", predicted {fmt_speedup(f.predicted_speedup)}"
+                        tag += (
+                            f", predicted {fmt_predicted(f.predicted_speedup, f.predicted_range)}"
+                        )
                     tags.append(tag)
                 out.append(
                     f'<li class="sev-{_e(sev)}" data-rank="{rank}"><b>rank {rank}</b>: '
@@ -246,7 +248,9 @@ def _findings_section(findings: Sequence[ReportFinding]) -> str:
         out.append(f"<h3>{_e(head)}</h3>")
         facts = []
         if is_number(f.predicted_speedup):
-            facts.append(f"predicted speed-up {fmt_speedup(f.predicted_speedup, 2)}")
+            facts.append(
+                f"predicted speed-up {fmt_predicted(f.predicted_speedup, f.predicted_range, 2)}"
+            )
         if f.cause:
             facts.append(f"caused by {f.cause}")
         if isinstance(f.evidence.get("since_step"), int):

@@ -23,7 +23,7 @@ Schema ``auditor.report/v2``::
                 "applied": [{"lever", "from", "to"}],
                 "not_applied": [{"lever", "value", "reason"}]}],
      "findings": [{"kind", "severity", "ranks", "summary", "evidence", "fixes",
-                   "predicted_speedup", "cause",
+                   "predicted_speedup", "predicted_range", "cause",
                    "actions": [{"rank", "gpu", "lever", "how", "current", "proposed",
                                 "expected_speedup", "answers"}]}],
      "notes": [str, ...]}
@@ -48,6 +48,12 @@ to the user (``{"rank", "lever", "current", "proposed"}``). Per rank, ``applied`
 levers its probe moved on the training DataLoader and ``not_applied`` those it did not, with a
 reason code (``iterable_dataset``, ``needs_workers``, ``already``, ``refused``, ``no_loader``;
 :mod:`auditor.report.applied`); both empty on other runs.
+
+A finding's ``predicted_speedup`` is the job's step time now over the step time once its fixes
+are in (:mod:`auditor.analysis.advisor`); ``predicted_range`` (``[low, high]``, null where not
+judged) is the least and the most the rules predicted for the same finding over the whole
+window and over each of its parts (quarters, or halves of a shorter run:
+:mod:`auditor.analysis.spread`): how much the prediction moves with what was measured.
 
 A finding's ``fixes`` are its changes in words, per rank; ``actions`` the same changes as data
 (:class:`~auditor.analysis.fixes.Fix`): the ``lever`` (``num_workers``, ``pin_memory``,

@@ -25,6 +25,7 @@ from typing import Any
 from auditor.analysis.accounting import Account
 from auditor.analysis.findings import Finding, severity_key
 from auditor.analysis.fixes import Fix
+from auditor.report.measured import BudgetEntry, FlopsEntry, MemoryEntry, MfuEntry
 from auditor.report.phrasing import phrase
 
 SCHEMA = "auditor.report/v2"
@@ -83,150 +84,6 @@ TOP_KEYS = ("schema", "generated_at", "job", "ranks", "findings", "notes")
 
 # --------------------------------------------------------------------------------------------
 # the parts
-
-
-@dataclass(frozen=True)
-class BudgetEntry:
-    """A rank's measured memory budget (``memory.budget``), parts first, then what it runs on."""
-
-    measured_at_step: int | None = None
-    optimizer: str | None = None
-    param_count: int | None = None
-    param_bytes: int | None = None
-    param_bytes_by_dtype: Mapping[str, int] = field(default_factory=dict)
-    grad_bytes: int | None = None
-    optimizer_bytes: int | None = None
-    optimizer_bytes_by_kind: Mapping[str, int] = field(default_factory=dict)
-    buffer_bytes: int | None = None
-    fixed_bytes: int | None = None
-    other_module_bytes: int | None = None
-    activation_bytes_per_step: int | None = None
-    activation_batch: int | None = None
-    activation_bytes_per_sample: float | None = None
-    activations_every: int | None = None
-    sharded: bool | None = None
-    per_device: Mapping[str, Any] = field(default_factory=dict)
-    device_total_bytes: int | None = None
-    host_total_bytes: int | None = None
-    host_available_bytes: int | None = None
-    local_ranks: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> BudgetEntry:
-        mappings = ("param_bytes_by_dtype", "optimizer_bytes_by_kind", "per_device")
-        values: dict[str, Any] = {
-            f.name: (dict(d.get(f.name) or {}) if f.name in mappings else d.get(f.name))
-            for f in fields(cls)
-        }
-        return cls(**values)
-
-
-@dataclass(frozen=True)
-class MemoryEntry:
-    """A rank's memory: RSS and allocated (medians), the window's peak, the measured budget."""
-
-    rss_bytes: int | None = None
-    allocated_bytes: int | None = None
-    peak_bytes: int | None = None
-    budget: BudgetEntry | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rss_bytes": self.rss_bytes,
-            "allocated_bytes": self.allocated_bytes,
-            "peak_bytes": self.peak_bytes,
-            "budget": None if self.budget is None else self.budget.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MemoryEntry:
-        budget = d.get("budget")
-        return cls(
-            rss_bytes=d.get("rss_bytes"),
-            allocated_bytes=d.get("allocated_bytes"),
-            peak_bytes=d.get("peak_bytes"),
-            budget=BudgetEntry.from_dict(budget) if isinstance(budget, Mapping) else None,
-        )
-
-
-@dataclass(frozen=True)
-class FlopsEntry:
-    """A rank's counted work (``flops``; :class:`~auditor.analysis.mfu.RankFlops`): FLOPs of one
-    step (counted on ``counted_step``, by dtype), FLOP/s at the rank's pace, and on a GPU the
-    peak table knows, MFU against ``peak_flops_per_s`` (the effective peak of its dtype mix on
-    ``device_name``); ``count_cost_s``: the extra seconds the counted step took."""
-
-    flops_per_step: float | None = None
-    flops_per_s: float | None = None
-    mfu: float | None = None
-    peak_flops_per_s: float | None = None
-    dtype: str | None = None
-    by_dtype: Mapping[str, float] = field(default_factory=dict)
-    device: str | None = None
-    device_name: str | None = None
-    counted_step: int | None = None
-    count_cost_s: float | None = None
-    micro_batches: int | None = None
-    samples: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["by_dtype"] = dict(self.by_dtype)
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FlopsEntry:
-        values: dict[str, Any] = {f.name: d.get(f.name) for f in fields(cls)}
-        by = d.get("by_dtype")
-        values["by_dtype"] = (
-            {str(k): v for k, v in by.items() if _is_number(v)} if isinstance(by, Mapping) else {}
-        )
-        return cls(**values)
-
-
-@dataclass(frozen=True)
-class MfuEntry:
-    """The job's work (``job.mfu``; :class:`~auditor.analysis.mfu.JobMfu`): its FLOP/s (every
-    counted rank's, added up), on GPUs the peak table knows its MFU and ``gap``, the MFU gap
-    split by part (shares of the time, adding up to ``1 - mfu``), ``basis`` (``run``: the ranks'
-    whole runs; ``step``: a step at their pace), ``precision``/``tf32`` (the share of the time
-    bf16, or TF32 alone, would give back from fp32 matmuls), the card and dtype most ranks ran
-    on, ``gpu`` (whether they ran on GPUs) and the ``ranks`` counted."""
-
-    flops_per_s: float | None = None
-    mfu: float | None = None
-    gap: Mapping[str, float] = field(default_factory=dict)
-    basis: str | None = None
-    precision: float | None = None
-    tf32: float | None = None
-    device_name: str | None = None
-    dtype: str | None = None
-    gpu: bool = False
-    ranks: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["gap"] = dict(self.gap)
-        out["ranks"] = list(self.ranks)
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MfuEntry:
-        values: dict[str, Any] = {f.name: d.get(f.name) for f in fields(cls)}
-        gap = d.get("gap")
-        values["gap"] = (
-            {str(k): v for k, v in gap.items() if _is_number(v)} if isinstance(gap, Mapping) else {}
-        )
-        values["gpu"] = bool(d.get("gpu"))
-        values["ranks"] = tuple(int(r) for r in d.get("ranks") or () if isinstance(r, int))
-        return cls(**values)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -349,6 +206,8 @@ class ReportFinding:
     fixes: Mapping[int, str] = field(default_factory=dict)
     predicted_speedup: float | None = None
     cause: str | None = None
+    # The least and the most the prediction is sure of (None: no range judged).
+    predicted_range: tuple[float, float] | None = None
     # The fixes as data (:class:`~auditor.analysis.fixes.Fix`): what ``fixes`` says, per lever.
     actions: tuple[Fix, ...] = ()
 
@@ -385,6 +244,11 @@ class ReportFinding:
             "predicted_speedup": (
                 None if self.predicted_speedup is None else round(self.predicted_speedup, 3)
             ),
+            "predicted_range": (
+                None
+                if self.predicted_range is None
+                else [round(x, 3) for x in self.predicted_range]
+            ),
             "cause": self.cause,
             "actions": [jsonable(a.to_dict()) for a in self.actions],
         }
@@ -411,6 +275,7 @@ class ReportFinding:
                 else None
             ),
             cause=d.get("cause"),
+            predicted_range=_span(d.get("predicted_range")),
             actions=tuple(a for a in map(Fix.from_dict, _items(d.get("actions"))) if a is not None),
         )
 
@@ -429,6 +294,11 @@ class ReportFinding:
             fixes={int(r): str(fix) for r, fix in sorted(words.fixes.items())},
             predicted_speedup=None if speedup is None else jsonable(round(speedup, 3)),
             cause=finding.cause,
+            predicted_range=(
+                None
+                if finding.predicted_range is None
+                else (round(finding.predicted_range[0], 3), round(finding.predicted_range[1], 3))
+            ),
             # Rounded as the JSON writes it, so a report read back holds equal fixes.
             actions=tuple(
                 replace(a, speedup=None if a.speedup is None else round(a.speedup, 3))
@@ -688,6 +558,16 @@ def validate_report(data: object, *, source: str = "report") -> None:
             raise ValueError(
                 f"{source}: malformed auditor report (findings[{i}] lacks kind or severity)"
             )
+
+
+def _span(value: Any) -> tuple[float, float] | None:
+    """A report's ``[low, high]`` range; None where it holds no such pair."""
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        return None
+    lo, hi = value
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
+        return None
+    return (float(lo), float(hi))
 
 
 def _items(value: Any) -> Iterable[Mapping[str, Any]]:

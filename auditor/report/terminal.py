@@ -28,8 +28,8 @@ from auditor.report.work import WORK_TITLES, work_line, work_notes, work_rows
 from auditor.wording import (
     fmt_count,
     fmt_duration,
+    fmt_predicted,
     fmt_size,
-    fmt_speedup,
     is_number,
     ranks_text,
     short_host,
@@ -248,7 +248,7 @@ def _finding_lines(
     if f.ranks:
         head += f": {ranks_text(f.ranks)}"
     if speedup_worth_naming(f.predicted_speedup):
-        head += f", predicted speed-up {fmt_speedup(f.predicted_speedup)}"
+        head += f", predicted speed-up {fmt_predicted(f.predicted_speedup, f.predicted_range)}"
     if f.cause:
         head += f", caused by {f.cause}"
     since = f.evidence.get("since_step")

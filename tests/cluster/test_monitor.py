@@ -92,6 +92,17 @@ def test_monitor_builds_its_source_from_the_spec(spec: str) -> None:
         m.stop()
 
 
+def test_monitor_reports_its_sampling_threads_cpu(spec: str) -> None:
+    m = GpuMonitorCore(source_spec=spec, node=NODE, uuid=gpu_uuid(NODE, 0), interval_s=0.01)
+    try:
+        wait_for(lambda: m.info()["sampling_cpu_s"] > 0)
+        info = m.info()
+        # The thread's own CPU: never more than one core's worth of wall time.
+        assert 0 < info["sampling_cpu_per_s"] <= 1.5
+    finally:
+        m.stop()
+
+
 def test_failed_read_keeps_the_last_sample_and_counts(spec: str) -> None:
     m = GpuMonitorCore(source_spec=spec, node=NODE, uuid="GPU-unknown", interval_s=3600)
     try:

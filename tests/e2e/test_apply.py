@@ -96,8 +96,16 @@ def test_a_reports_advice_applied_and_compared(ray_address: str, tmp_path: Path)
     assert outcome["after"] == "gone"
     assert outcome["predicted"] == starved[0]["predicted_speedup"]
     assert outcome["achieved"] == doc["speedup"]["measured"] and outcome["achieved"] > 1
+    # The verdict's range holds its own figure and, within the benchmark's 20% goal, the
+    # speed-up the applied advice achieved (the exact figures vary with this machine's load).
+    lo, hi = outcome["range"]
+    assert lo <= outcome["predicted"] <= hi
+    assert lo / 1.2 <= outcome["achieved"] <= hi * 1.2, outcome
     # Printed for the record (the figures depend on the machine; no test asserts on them).
-    print(f"predicted {outcome['predicted']}x, achieved {outcome['achieved']}x")
+    print(
+        f"predicted {outcome['predicted']}x ({outcome['range']}), achieved {outcome['achieved']}x"
+        f", inside the range: {outcome['inside_range']}"
+    )
 
 
 def compare(before: Path, after: Path, *args: str) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from auditor.analysis import SampleStore, Snapshot, analyze
+from auditor.analysis import SampleStore, Snapshot
 from auditor.analysis.findings import Finding
+from auditor.audit import Audit
 from auditor.report.json_report import build_report
 from auditor.samples import (
     Batch,
@@ -125,8 +126,9 @@ def final_report(
     """What a run ends with (as ``commands.run.run`` builds it): the whole run's snapshot at the
     newest sample, every rule's findings, and the JSON report of them (``kwargs``: notes, job...).
     """
-    snap = snapshot_of(store)
-    findings = analyze(snap)
+    audit = Audit(store.job, window_s=None)
+    audit.store = store  # the run's samples, as its audit held them
+    snap, findings = audit.final()
     report = build_report(
         command=command,
         exit_code=exit_code,

@@ -195,3 +195,21 @@ def test_compare_reports_built_by_the_report_builder() -> None:
     assert result["speedup"]["measured"] > 1.5
     assert result["speedup"]["predicted"] > 1.5
     assert "gone: data_starvation (rank 1)" in render_compare(result).splitlines()[0]
+
+
+def test_achieved_inside_or_outside_the_predicted_range() -> None:
+    """Measured 4.59x (140 ms -> 30.5 ms): inside a 4.2-5.8x range, outside a 5.0-6.0x one."""
+    for span, inside in (([4.2, 5.8], True), ([5.0, 6.0], False)):
+        before = dict(BEFORE, findings=[{**BEFORE["findings"][0], "predicted_range": span}])
+        result = compare_reports(before, AFTER)
+        assert result["speedup"]["predicted_range"] == span
+        assert result["speedup"]["inside_range"] is inside
+        (first,) = result["per_finding"]
+        assert first["range"] == span and first["inside_range"] is inside
+        text = " ".join(render_compare(result).split())  # as read, the wrapping undone
+        assert f"range {span[0]:.2f}-{span[1]:.2f}x" in text
+        assert ("inside the range" if inside else "outside the range") in text
+    # No range given: nothing said of one.
+    result = compare_reports(BEFORE, AFTER)
+    assert result["speedup"]["inside_range"] is None
+    assert "range" not in render_compare(result)

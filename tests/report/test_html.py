@@ -22,7 +22,8 @@ from auditor.report.figures import (
 )
 from auditor.report.html import fixes_by_rank, render_html, write_html, write_html_for_run
 from auditor.report.json_report import build_report
-from auditor.report.model import BudgetEntry, RankEntry, ReportFinding
+from auditor.report.measured import BudgetEntry
+from auditor.report.model import RankEntry, ReportFinding
 from auditor.report.terminal import render_verdict
 from auditor.samples import MemoryBudget
 from auditor.telemetry.recorded import read_recording

@@ -16,7 +16,7 @@ from auditor.analysis.rules.batch_split import (
 )
 from auditor.wording import ranks_text, speedup_worth_naming
 
-from .words import Phrase, per_micro, phrase_facts, s_if_one, with_expectation
+from .words import Phrase, expectation, per_micro, phrase_facts, s_if_one
 
 
 @phrase_facts.register
@@ -40,7 +40,7 @@ def _(facts: Facts, finding: Finding) -> Phrase:
         for r in sorted(facts.batches):
             fix = _micro_fix(facts, r, r in blamed)
             if fix:
-                fixes[r] = with_expectation(fix, speedup)
+                fixes[r] = expectation(fix, finding)
         return Phrase(summary, fixes, notes)
     for r, b in sorted(facts.batches.items()):
         batch, equal = round(b), facts.equal[r]
@@ -55,7 +55,7 @@ def _(facts: Facts, finding: Finding) -> Phrase:
                 f", or keep {batch} for its speed and scale each rank's loss by its "
                 f"batch x {len(facts.batches)} / {facts.global_batch} so every sample counts once"
             )
-        fixes[r] = with_expectation(fix, speedup)
+        fixes[r] = expectation(fix, finding)
     return Phrase(summary, fixes, notes)
 
 
@@ -128,7 +128,7 @@ def _dataparallel(facts: DataParallelFacts, finding: Finding) -> Phrase:
         notes["speedup_model"] = (
             "samples per second: compute paced by the largest chunk, the rest of the step unchanged"
         )
-    return Phrase(summary, {facts.rank: with_expectation(fix, finding.predicted_speedup)}, notes)
+    return Phrase(summary, {facts.rank: expectation(fix, finding)}, notes)
 
 
 def _join(values: Iterable[int]) -> str:

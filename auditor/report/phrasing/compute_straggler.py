@@ -9,12 +9,12 @@ from auditor.wording import fmt_ms, ranks_text
 
 from .words import (
     Phrase,
+    expectation,
     it_or_them,
     ops_text,
     per_micro,
     phrase_facts,
     s_if_one,
-    with_expectation,
 )
 
 
@@ -27,10 +27,7 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         f"({_phase(first.phase)} {fmt_ms(first.phase_s)} vs {fmt_ms(first.peer_phase_s)}); "
         f"the others wait for {it_or_them(facts.ranks)} {where}"
     )
-    fixes = {
-        r: with_expectation(_fix(slow), finding.predicted_speedup)
-        for r, slow in sorted(facts.ranks.items())
-    }
+    fixes = {r: expectation(_fix(slow), finding) for r, slow in sorted(facts.ranks.items())}
     return Phrase(summary, fixes)
 
 

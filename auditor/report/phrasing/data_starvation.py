@@ -31,9 +31,9 @@ from auditor.analysis.rules.data_starvation import (
     PeersWait,
     StarvedRank,
 )
-from auditor.wording import fmt_ms, fmt_pct, ranks_text, speedup_worth_naming
+from auditor.wording import fmt_expected, fmt_ms, fmt_pct, ranks_text, speedup_worth_naming
 
-from .words import Phrase, it_or_them, ops_text, phrase_facts, s_if_one, with_expectation
+from .words import Phrase, expectation, it_or_them, ops_text, phrase_facts, s_if_one
 
 _CHEAPER_CPU = (
     "make loading cheaper (cache decoded samples, lighter transforms, decode on the device)"
@@ -56,10 +56,7 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     )
     if facts.peers is not None:
         summary += _peers(facts.peers, starved)
-    fixes = {
-        r: _fix(rank, finding.predicted_speedup, facts.cheaper_factor)
-        for r, rank in facts.ranks.items()
-    }
+    fixes = {r: _fix(rank, finding, facts.cheaper_factor) for r, rank in facts.ranks.items()}
     return Phrase(summary, fixes, _notes(facts, finding))
 
 
@@ -73,7 +70,8 @@ def _peers(peers: PeersWait, starved: tuple[int, ...]) -> str:
     )
 
 
-def _fix(rank: StarvedRank, speedup: float | None, factor: float) -> str:
+def _fix(rank: StarvedRank, finding: Finding, factor: float) -> str:
+    speedup = finding.predicted_speedup
     parts: list[str] = []
     if rank.workers is None:
         if rank.loading == IO:
@@ -108,8 +106,8 @@ def _fix(rank: StarvedRank, speedup: float | None, factor: float) -> str:
         if not speedup_worth_naming(speedup):
             return text
         cost = "half the loading time" if factor == 2 else f"1/{factor:g} of the loading time"
-        return f"{text}; at {cost} expect about {speedup:.1f}x"
-    return with_expectation(text, speedup)
+        return f"{text}; at {cost} expect {fmt_expected(speedup, finding.predicted_range)}"
+    return expectation(text, finding)
 
 
 # What was not measured, what capped the workers, what one worker's memory was read from, and

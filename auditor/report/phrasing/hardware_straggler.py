@@ -14,7 +14,7 @@ from auditor.analysis.rules.hardware_straggler import (
 )
 from auditor.wording import fmt_ms, ranks_text
 
-from .words import Phrase, it_or_them, per_micro, phrase_facts, with_expectation
+from .words import Phrase, expectation, it_or_them, per_micro, phrase_facts
 
 
 @phrase_facts.register
@@ -27,7 +27,7 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         f"wait for {it_or_them(facts.ranks)} at the all-reduce (compute {fmt_ms(first.compute_s)})"
     )
     fixes = {
-        r: with_expectation(f"{_fix(gpu)}; {_around(r, gpu)}", finding.predicted_speedup)
+        r: expectation(f"{_fix(gpu)}; {_around(r, gpu)}", finding)
         for r, gpu in sorted(facts.ranks.items())
     }
     return Phrase(summary, fixes, _notes(facts, finding))

@@ -10,7 +10,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.slowdown import DATA, OTHER, WAIT, Change, Facts
 from auditor.wording import fmt_ms, fmt_speedup, ranks_text
 
-from .words import Phrase, it_or_them, phrase_facts, with_expectation
+from .words import Phrase, expectation, it_or_them, phrase_facts
 
 PHASE_TEXT = {
     DATA: "data wait",
@@ -59,10 +59,7 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
     else:
         parts = f"{parts} {when}"
     summary = f"{parts}; {since}: the others wait for {it_or_them(facts.ranks)} at the collectives"
-    fixes = {
-        r: with_expectation(_fix(c, facts), finding.predicted_speedup)
-        for r, c in sorted(facts.ranks.items())
-    }
+    fixes = {r: expectation(_fix(c, facts), finding) for r, c in sorted(facts.ranks.items())}
     return Phrase(summary, fixes)
 
 

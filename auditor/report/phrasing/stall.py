@@ -8,7 +8,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules.stall import CHECKPOINT, EVALUATION, LOGGING, Facts, Stall
 from auditor.wording import fmt_ms, fmt_pct, ranks_text
 
-from .words import Phrase, it_or_them, phrase_facts, s_if_one, with_expectation
+from .words import Phrase, expectation, it_or_them, phrase_facts, s_if_one
 
 WORK_TEXT = {
     CHECKPOINT: "a checkpoint save",
@@ -33,10 +33,7 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         f"{_how_often(first)} ({_cost(first)}); the others wait for {it_or_them(facts.ranks)} "
         "at the next collective"
     )
-    fixes = {
-        r: with_expectation(_fix(stall), finding.predicted_speedup)
-        for r, stall in sorted(facts.ranks.items())
-    }
+    fixes = {r: expectation(_fix(stall), finding) for r, stall in sorted(facts.ranks.items())}
     return Phrase(summary, fixes)
 
 

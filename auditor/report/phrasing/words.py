@@ -15,7 +15,7 @@ from functools import singledispatch
 
 from auditor.analysis.budget import CHECKPOINT_FACTOR, BudgetModel
 from auditor.analysis.findings import Finding
-from auditor.wording import fmt_bytes, speedup_worth_naming
+from auditor.wording import fmt_bytes, fmt_expected, speedup_worth_naming
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,19 @@ def phrase(finding: Finding) -> Phrase:
     return phrase_facts(finding.facts, finding)
 
 
-def with_expectation(fix: str, speedup: float | None) -> str:
-    """``fix`` and the speed-up to expect from it, where it is worth naming (2% or more)."""
+def with_expectation(
+    fix: str, speedup: float | None, span: tuple[float, float] | None = None
+) -> str:
+    """``fix`` and the speed-up to expect from it, where it is worth naming (2% or more), with
+    the range the prediction is sure of where it has one (``span``)."""
     if not speedup_worth_naming(speedup):
         return fix
-    return f"{fix}; expect about {speedup:.1f}x"
+    return f"{fix}; expect {fmt_expected(speedup, span)}"
+
+
+def expectation(fix: str, finding: Finding) -> str:
+    """:func:`with_expectation` with ``finding``'s predicted speed-up and range."""
+    return with_expectation(fix, finding.predicted_speedup, finding.predicted_range)
 
 
 def per_micro(accumulated: int) -> str:
