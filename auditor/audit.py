@@ -20,7 +20,15 @@ from auditor.analysis.engine import review
 from auditor.analysis.findings import Finding, finding_order
 from auditor.analysis.rules.slowdown import Facts as Slowdown
 from auditor.analysis.snapshot import LIVE_WARMUP_S, WARMUP_STEPS, Snapshot
-from auditor.analysis.spread import PARTS, part_bounds, with_ranges
+from auditor.analysis.spread import (
+    PARTS,
+    Key,
+    host_ceiling,
+    key,
+    part_bounds,
+    with_ceiling,
+    with_ranges,
+)
 from auditor.report.json_report import make_report
 from auditor.report.model import DeadRank as DeadRank
 from auditor.report.model import Report, ReportFinding
@@ -118,11 +126,6 @@ def _marginal(f: Finding) -> bool:
     return f.predicted_speedup is None or f.predicted_speedup < LIVE_CONFIRM_SPEEDUP
 
 
-def _same(f: Finding) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
-    """What makes two verdicts' findings one: the kind, the ranks and the GPUs it names."""
-    return f.kind, f.ranks, f.gpus
-
-
 class Audit:
     """One job's audit, fed batch by batch."""
 
@@ -143,7 +146,7 @@ class Audit:
         self.store = SampleStore(job, on_add=on_add, warmup_steps=warmup_steps)
         self.findings: list[Finding] = []
         self.set_aside: tuple[SetAside, ...] = ()
-        self._live_seen: set[tuple[str, tuple[int, ...], tuple[str, ...]]] = set()
+        self._live_seen: set[Key] = set()
         self._last_step: dict[int, int] = {}
         self._died: dict[int, DeadRank] = {}
         self.nodes: list[dict[str, Any]] = []  # the job view's node states (multi-node jobs)
@@ -191,8 +194,8 @@ class Audit:
         on a busy host raised a 1.1x warning for one second on balanced jobs; a fault worth
         more, or critical, shows at once."""
         snap, verdict = self.judge(now)
-        seen, self._live_seen = self._live_seen, {_same(f) for f in verdict.findings}
-        shown = tuple(f for f in verdict.findings if _same(f) in seen or not _marginal(f))
+        seen, self._live_seen = self._live_seen, {key(f) for f in verdict.findings}
+        shown = tuple(f for f in verdict.findings if key(f) in seen or not _marginal(f))
         if len(shown) == len(verdict.findings):
             return snap, verdict
         return snap, replace(verdict, findings=shown)
@@ -223,29 +226,30 @@ class Audit:
     def _with_ranges(self, whole: Snapshot, since: float | None) -> None:
         """Each predicted speed-up with its range (:mod:`auditor.analysis.spread`): the rules
         on each part of the window its finding was judged on, the whole window or, for a
-        finding marked ``since_step``, the segment since the change (starting at ``since``)."""
+        finding marked ``since_step``, the segment since the change (starting at ``since``);
+        its low end no higher than the hosts' CPUs allow (:func:`host_ceiling`)."""
         if not any(f.predicted_speedup is not None for f in self.findings):
             return
 
         def ranged(found: list[Finding], start: float) -> list[Finding]:
+            left = {key(f) for f in found if f.predicted_speedup is not None}
             for parts in PARTS:  # quarters, then halves for what quarters were too short for
-                if all(f.predicted_range or f.predicted_speedup is None for f in found):
+                if not left:
                     break
-                cut = part_bounds(start, whole.end, parts)
-                found = with_ranges(
-                    found,
-                    [
-                        judge(self.store.snapshot(hi, hi - lo), self.overrides).findings
-                        for lo, hi in cut
-                    ],
-                )
+                judged = [
+                    judge(self.store.snapshot(hi, hi - lo), self.overrides).findings
+                    for lo, hi in part_bounds(start, whole.end, parts)
+                ]
+                found, done = with_ranges(found, judged, only=left)
+                left -= done
             return found
 
         segment = [f for f in self.findings if "since_step" in f.evidence]
         rest = ranged([f for f in self.findings if "since_step" not in f.evidence], whole.start)
         if segment and since is not None:
             segment = ranged(segment, since)
-        self.findings = sorted(rest + segment, key=finding_order)
+        ranged_all = with_ceiling(rest + segment, host_ceiling(whole))
+        self.findings = sorted(ranged_all, key=finding_order)
 
     def _judge_latest_segment(self, whole: Snapshot) -> float | None:
         """Where the run changed for good (a ``slowdown`` found), the steps since the latest
@@ -262,11 +266,11 @@ class Audit:
         if not whole.start < at < whole.end:
             return None
         segment = judge(self.store.snapshot(whole.end, whole.end - at), self.overrides)
-        kept = {_same(f): f for f in self.findings}
+        kept = {key(f): f for f in self.findings}
         for f in segment.findings:
-            mine = kept.get(_same(f))
+            mine = kept.get(key(f))
             if mine is None or finding_order(f) < finding_order(mine):
-                kept[_same(f)] = replace(f, evidence={**f.evidence, "since_step": step})
+                kept[key(f)] = replace(f, evidence={**f.evidence, "since_step": step})
         checked = check(sorted(kept.values(), key=finding_order), whole)
         self.findings = list(checked.findings)
         self.set_aside += checked.set_aside

@@ -10,7 +10,14 @@ fault had not begun, the part was too short to judge) says nothing about the fin
 is left out; with fewer than :data:`MIN_PARTS` parts that predicted a speed-up for it, a finding
 gets no range (the report gives the one figure).
 
-What the range does not hold: an error of the model itself (a fix that costs the host something
+The range's low end also holds what the job's hosts can give (:func:`host_ceiling`): a fix that
+removes a wait (a rank starved by slow storage, a rank that sleeps or waits on I/O) leaves every
+CPU-second of a step to do in less time, and a host whose cores were already busy cannot do them
+much faster. Its cores over its busy cores is the most any such fix can speed the job up; where
+that is below a prediction, the range reaches down to it (a fix that also removes CPU work may
+do better: the barrier model's figure stays the prediction).
+
+What the range does not hold: an error of the model beyond these (a fix that costs something
 the run never measured). The fault benchmark (``bench/faults.py``) reports, per case, whether
 the achieved speed-up fell inside the range, so that error shows where it is.
 """
@@ -21,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from .findings import Finding
+from .snapshot import Snapshot
 
 # Parts the window is cut into, tried in turn: four quarters show a drift over the run; a run
 # too short for a rule's ``min_steps`` in each quarter gets halves.
@@ -55,20 +63,53 @@ def spans(parts: Iterable[Sequence[Finding]]) -> dict[Key, list[float]]:
     return out
 
 
+def widened(f: Finding, values: Iterable[float]) -> Finding:
+    """``f`` with its range stretched over ``values`` (from its prediction and its range so
+    far: a rule may give one, from its model's alternatives)."""
+    if f.predicted_speedup is None:
+        return f
+    every = [f.predicted_speedup, *(f.predicted_range or ()), *values]
+    return replace(f, predicted_range=(min(every), max(every)))
+
+
 def with_ranges(
-    findings: Sequence[Finding], parts: Iterable[Sequence[Finding]], *, min_parts: int = MIN_PARTS
-) -> list[Finding]:
-    """``findings`` with ``predicted_range`` set from the parts' findings (module doc): from
-    the least to the most of the finding's own prediction and the parts'. A finding that
-    predicts nothing, has a range already, or that fewer than ``min_parts`` parts predicted,
-    is returned as is."""
+    findings: Sequence[Finding],
+    parts: Sequence[Sequence[Finding]],
+    *,
+    min_parts: int = MIN_PARTS,
+    only: set[Key] | None = None,
+) -> tuple[list[Finding], set[Key]]:
+    """``findings`` with their ranges stretched over what the parts predicted (module doc),
+    and the findings that got one. A finding that predicts nothing, that fewer than
+    ``min_parts`` parts predicted, or that is not in ``only`` (where given) is returned as is."""
     seen = spans(parts)
+    ranged = {k for k, got in seen.items() if len(got) >= min_parts}
+    if only is not None:
+        ranged &= only
+    return [widened(f, seen[key(f)]) if key(f) in ranged else f for f in findings], ranged
+
+
+def host_ceiling(snapshot: Snapshot) -> float | None:
+    """The most a fix that removes no CPU work can speed the job up: its busiest host's cores
+    over its busy cores (the window's median), of the hosts its ranks run on; None where none
+    of them was sampled."""
+    ceilings = []
+    for host in snapshot.hosts():
+        cpu = snapshot.host_cpu(host)
+        if cpu is not None and cpu[0] > 0 and cpu[1] > 0:
+            ceilings.append(cpu[0] / cpu[1])
+    return min(ceilings, default=None)
+
+
+def with_ceiling(findings: Sequence[Finding], ceiling: float | None) -> list[Finding]:
+    """``findings`` whose prediction is above ``ceiling`` (:func:`host_ceiling`) with their
+    range reaching down to it (from the prediction itself where there was no range)."""
     out = []
     for f in findings:
-        got = seen.get(key(f), [])
-        if f.predicted_speedup is None or f.predicted_range is not None or len(got) < min_parts:
+        point = f.predicted_speedup
+        if ceiling is None or point is None or ceiling >= point:
             out.append(f)
             continue
-        every = [f.predicted_speedup, *got]
-        out.append(replace(f, predicted_range=(min(every), max(every))))
+        lo, hi = f.predicted_range or (point, point)
+        out.append(replace(f, predicted_range=(max(1.0, min(lo, ceiling)), hi)))
     return out

@@ -206,6 +206,21 @@ def collective_ops_order(stats: Iterable[RankStats]) -> tuple[str, ...]:
     return ops_order(s.collective_ops for s in stats)
 
 
+def is_object_op(op: str) -> bool:
+    """An object collective: every rank pickles its object and unpickles everyone's, so its
+    time is serialisation as much as transfer (and its bytes are not known)."""
+    return op.endswith(("_object", "_object_list"))
+
+
+def object_ops_floor(per_rank: Iterable[Mapping[str, float] | None]) -> float:
+    """The least any rank spends a step in object collectives (each rank's sum over them; a
+    rank without them: 0): what every rank pays for them, whoever waits for whom."""
+    return min(
+        (sum(w for op, w in (ops or {}).items() if is_object_op(op)) for ops in per_rank),
+        default=0.0,
+    )
+
+
 def ops_order(per_rank: Iterable[Mapping[str, float] | None]) -> tuple[str, ...]:
     """:func:`collective_ops_order` of the ranks' ``collective_ops`` themselves."""
     totals: dict[str, float] = {}

@@ -287,3 +287,37 @@ def test_peers_that_differ_as_much_among_themselves_hide_no_straggler() -> None:
     # With 2 ranks the peer has no spread: the ratio and the gap decide alone.
     pair = ddp_snapshot([specs[0], specs[7]])
     assert [f.ranks for f in compute_straggler.RULE(pair)] == [(1,)]
+
+
+def test_own_work_with_an_object_gather_reaches_up_to_the_gather_gone() -> None:
+    """Rank 1's extra work is its own code and every rank pays an object gather each step (a
+    metrics gather in the loop): removing the code may remove the gather too, so the range's
+    high end is the barrier model with the gather's floor gone; the point stays without it."""
+    snap = other_work_snapshot(2, 1)
+    for r in (0, 1):
+        snap = collective_ops(snap, r, {"ddp_allreduce": 1, "all_gather_object": 1})
+    f = _only(compute_straggler.RULE(snap))
+    assert f.ranks == (1,) and f.predicted_speedup is not None and f.predicted_range is not None
+    lo, hi = f.predicted_range
+    assert lo == f.predicted_speedup < hi
+    assert hi == pytest.approx(f.evidence["speedup_if_object_collectives_go"], abs=1e-3)
+    # The floor is the least wait (rank 1's, ~1 ms); half of it is the gather, on every rank.
+    local = f.evidence["local_ms"]
+    floor = min(f.evidence["collective_wait_ms"].values())
+    after = local["0"] + floor / 2  # rank 1's own work brought to rank 0's
+    assert hi == pytest.approx((max(local.values()) + floor) / after, rel=0.02)
+
+
+@pytest.mark.parametrize("ops", [{"ddp_allreduce": 1}, None])
+def test_without_an_object_gather_no_range_from_the_rule(ops: dict[str, float] | None) -> None:
+    snap = other_work_snapshot(2, 1)
+    if ops:
+        for r in (0, 1):
+            snap = collective_ops(snap, r, ops)
+    f = _only(compute_straggler.RULE(snap))
+    assert f.predicted_range is None and "speedup_if_object_collectives_go" not in f.evidence
+    # A straggler in a phase: its fix is that phase's work, not the loop's own code.
+    snap = ddp_snapshot(forward_straggler())
+    for r in range(4):
+        snap = collective_ops(snap, r, {"ddp_allreduce": 1, "all_gather_object": 1})
+    assert _only(compute_straggler.RULE(snap)).predicted_range is None

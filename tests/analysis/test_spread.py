@@ -3,14 +3,16 @@ as the final verdict gives it (Audit.final)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import SampleStore
-from auditor.analysis.spread import part_bounds, with_ranges
+from auditor.analysis.spread import host_ceiling, part_bounds, with_ceiling, with_ranges
 from auditor.audit import Audit
 from auditor.report.phrasing import phrase
-from tests.helpers.jobs import JobBuilder, balanced, forward_straggler, with_rank
+from tests.helpers.jobs import JobBuilder, NodeSpec, balanced, forward_straggler, with_rank
 
 
 def finding(speedup: float | None, ranks: tuple[int, ...] = (2,), kind: str = "stall") -> Finding:
@@ -31,7 +33,7 @@ def test_a_range_runs_from_the_least_to_the_most_of_the_window_and_its_parts() -
         [finding(1.8)],
         [],  # this part did not find it: it says nothing about its size
     ]
-    got = {(f.kind, f.ranks): f.predicted_range for f in with_ranges(whole, parts)}
+    got = {(f.kind, f.ranks): f.predicted_range for f in with_ranges(whole, parts)[0]}
     assert got[("stall", (2,))] == (1.8, 2.4)
     # Found by one part only: no range (the report gives the one figure).
     assert got[("stall", (0,))] is None
@@ -39,10 +41,20 @@ def test_a_range_runs_from_the_least_to_the_most_of_the_window_and_its_parts() -
     assert got[("memory_headroom", (2,))] is None
 
 
-def test_a_range_once_given_is_kept() -> None:
-    ranged = with_ranges([finding(2.0)], [[finding(1.9)], [finding(2.2)]])
-    again = with_ranges(ranged, [[finding(1.0)], [finding(3.0)]])
-    assert again[0].predicted_range == (1.9, 2.2)
+def test_a_range_grows_over_what_later_parts_and_the_rule_said() -> None:
+    """A rule may give a range from its model (the point is its low end); the parts stretch it,
+    halves after quarters; ``only`` limits which findings are stretched."""
+    ranged, done = with_ranges([finding(2.0)], [[finding(1.9)], [finding(2.2)]])
+    assert ranged[0].predicted_range == (1.9, 2.2) and done == {("stall", (2,), ())}
+    again, _ = with_ranges(ranged, [[finding(1.0)], [finding(3.0)]])
+    assert again[0].predicted_range == (1.0, 3.0)
+    untouched, none = with_ranges(ranged, [[finding(1.0)], [finding(3.0)]], only=set())
+    assert untouched == ranged and none == set()
+    from_rule = replace(finding(2.0), predicted_range=(2.0, 2.6))
+    assert with_ranges([from_rule], [[finding(1.9)], [finding(2.1)]])[0][0].predicted_range == (
+        1.9,
+        2.6,
+    )
 
 
 def audit_of(builder: JobBuilder) -> Audit:
@@ -96,3 +108,32 @@ def test_a_fault_that_begins_midway_is_ranged_by_the_parts_that_saw_it() -> None
     f = straggler(audit_of(builder))
     assert f.predicted_range is not None
     assert f.predicted_range[0] > 1.2
+
+
+def test_a_host_ceiling_lowers_the_range_of_what_it_caps() -> None:
+    capped = with_ceiling([finding(2.0), finding(1.4, ranks=(0,))], ceiling=1.6)
+    assert capped[0].predicted_range == (1.6, 2.0)  # no range yet: from the ceiling up
+    assert capped[1].predicted_range is None  # below the ceiling: untouched
+    ranged, _ = with_ranges([finding(2.0)], [[finding(1.9)], [finding(2.2)]])
+    assert with_ceiling(ranged, 1.5)[0].predicted_range == (1.5, 2.2)
+    assert with_ceiling(ranged, None) == ranged
+
+
+@pytest.mark.parametrize("busy, ceiling", [(1.6, 2.0 / 1.6), (0.5, 4.0)])
+def test_the_busiest_hosts_cores_over_its_busy_cores(busy: float, ceiling: float) -> None:
+    nodes = {"node0": NodeSpec(cores=2.0, busy_cores=busy)}
+    snap = JobBuilder(forward_straggler(), nodes=nodes).run(40).snapshot()
+    assert host_ceiling(snap) == pytest.approx(ceiling)
+    assert host_ceiling(replace(snap, nodes=())) is None  # no host sampled: no ceiling
+
+
+def test_a_busy_host_bounds_the_range_of_a_sleeping_straggler() -> None:
+    """Rank 2 of 4 sleeps 40 ms more in its forward on a 2-core host 1.6 cores busy: removing
+    the sleep leaves the CPU work, at most 2 / 1.6 = 1.25x faster."""
+    nodes = {"node0": NodeSpec(cores=2.0, busy_cores=1.6)}
+    builder = JobBuilder(forward_straggler(), nodes=nodes, store=SampleStore("test")).run(160)
+    f = straggler(audit_of(builder))
+    assert f.predicted_speedup is not None and f.predicted_speedup > 1.25
+    assert f.predicted_range is not None
+    assert f.predicted_range[0] == pytest.approx(1.25)
+    assert f.predicted_range[1] >= f.predicted_speedup

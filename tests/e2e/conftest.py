@@ -84,3 +84,17 @@ def run_auditor(
 
 def torchrun(script: str, *args: str) -> list[str]:
     return ["torchrun", "--nproc_per_node=2", str(EXAMPLES / script), *args]
+
+
+def until_training(proc: subprocess.Popen[str], timeout_s: float) -> list[str]:
+    """Reads ``auditor run``'s stderr until its first live status line with a step rate (the
+    ranks train); fails with the last lines if none came within ``timeout_s``. The lines read."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("auditor ") and "steps/s" in line:
+            return seen
+        assert time.monotonic() < deadline, "".join(seen[-20:])
+    raise AssertionError("auditor run ended before training: " + "".join(seen[-20:]))

@@ -20,7 +20,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import pytest
 from tests.helpers.exits import ended_well
 from tests.helpers.waiting import wait_quietly
 
-from .conftest import EXAMPLES, REPO, Run, base_env, run_auditor
+from .conftest import EXAMPLES, REPO, Run, base_env, run_auditor, until_training
 
 pytestmark = pytest.mark.e2e
 
@@ -210,13 +209,7 @@ def test_sigterm_ends_the_deepspeed_job_and_leaves_nothing(tmp_path: Path) -> No
     ]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=REPO, env=ds_env(), stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    deadline = time.monotonic() + 180
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith("auditor ") and "steps/s" in line:
-            break
-        assert time.monotonic() < deadline, "".join(seen[-20:])
+    until_training(proc, 180)  # a live status line with a step rate: the ranks train
     tree = psutil.Process(proc.pid).children(recursive=True)
     # The runner, deepspeed.launcher.launch and the two ranks (``--local_rank=N``).
     commands = [_cmdline(p) for p in tree]

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.waiting import wait_quietly
 from tests.tmproot import ray_temp_dir
 
-from .conftest import REPO, base_env, run_auditor, torchrun
+from .conftest import REPO, base_env, run_auditor, torchrun, until_training
 
 pytestmark = pytest.mark.e2e
 
@@ -121,14 +121,7 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     started = time.time()
     proc = subprocess.Popen(argv, cwd=REPO, env=base_env(), stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    # Wait until ranks are training (a live status line with a step rate, every 10 s).
-    deadline = time.monotonic() + 120
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith("auditor ") and "steps/s" in line:
-            break
-        assert time.monotonic() < deadline, "".join(seen[-20:])
+    until_training(proc, 120)  # a live status line with a step rate: the ranks train
     me = psutil.Process(proc.pid)
     tree = me.children(recursive=True)
     assert len(tree) >= 6, [p.name() for p in tree]  # torchrun, 2 ranks, workers, Ray

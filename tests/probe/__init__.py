@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auditor.cluster.intake import RankIntake
-from auditor.samples import FlopCount, MemoryBudget, RankInfo, StepSample
-from tests.helpers.waiting import wait_quietly
+from auditor.probe.sink import encode
+from auditor.samples import Batch, FlopCount, MemoryBudget, RankInfo, StepSample
+from tests.helpers.waiting import wait_for, wait_quietly
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "auditor" / "probe" / "boot"
@@ -159,3 +160,36 @@ class Job:
 
 def run_job(argv: list[str], **kwargs: object) -> JobResult:
     return Job(argv, **kwargs).result()  # type: ignore[arg-type]
+
+
+def send(path: str, *msgs: dict[str, object]) -> None:
+    """``msgs`` sent over one connection to the sink socket at ``path``, as a probe sends them."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        s.sendall(b"".join(encode(m) for m in msgs))
+
+
+def hello(rank: int, job: str = "j") -> dict[str, object]:
+    """A rank's ``hello`` message (world of 2, host ``h``)."""
+    info = RankInfo(rank=rank, world_size=2, pid=1000 + rank, host="h", job=job)
+    return {"type": "hello", "version": 1, "info": info.to_dict()}
+
+
+def collect(intake: RankIntake, ended: int) -> Batch:
+    """What ``intake`` received until ``ended`` ranks said goodbye (or hung up): steps,
+    memory budgets and FLOP counts."""
+    steps: list[StepSample] = []
+    memory: list[MemoryBudget] = []
+    flops: list[FlopCount] = []
+    done: set[int] = set()
+
+    def poll() -> bool:
+        b = intake.drain()
+        steps.extend(b.steps)
+        memory.extend(b.memory)
+        flops.extend(b.flops)
+        done.update(b.ended)
+        return len(done) >= ended
+
+    wait_for(poll, timeout=10)
+    return Batch(steps=tuple(steps), memory=tuple(memory), flops=tuple(flops))

@@ -5,23 +5,16 @@ the counted step's flag, and a replay's ticks (the sample store's part:
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from auditor.cluster.intake import RankIntake
 from auditor.metrics.replay import make_ticks, select_node
-from auditor.probe.sink import encode, flops_message, step_message
+from auditor.probe.sink import flops_message, step_message
 from auditor.samples import Batch, FlopCount, RankInfo, StepSample
 from auditor.telemetry.recorded import read_recording, write_recording
-from tests.helpers.waiting import wait_for
 
-from . import short_dir
+from . import collect, hello, send
 
 COUNT = FlopCount(
     rank=1,
@@ -34,40 +27,6 @@ COUNT = FlopCount(
     device="cpu",
     cost_s=0.02,
 )
-
-
-@pytest.fixture
-def path() -> Iterator[str]:
-    d = short_dir()
-    yield os.path.join(d, "i.sock")
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def send(path: str, *msgs: dict[str, object]) -> None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(path)
-        s.sendall(b"".join(encode(m) for m in msgs))
-
-
-def hello(rank: int, job: str = "j") -> dict[str, object]:
-    info = RankInfo(rank=rank, world_size=2, pid=1000 + rank, host="h", job=job)
-    return {"type": "hello", "version": 1, "info": info.to_dict()}
-
-
-def collect(intake: RankIntake, ended: int) -> Batch:
-    counts: list[FlopCount] = []
-    steps: list[StepSample] = []
-    done: set[int] = set()
-
-    def poll() -> bool:
-        b = intake.drain()
-        counts.extend(b.flops)
-        steps.extend(b.steps)
-        done.update(b.ended)
-        return len(done) >= ended
-
-    wait_for(poll, timeout=10)
-    return Batch(flops=tuple(counts), steps=tuple(steps))
 
 
 def steps(rank: int, n: int, counted: int, step_s: float = 0.1) -> list[StepSample]:

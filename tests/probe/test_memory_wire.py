@@ -4,23 +4,16 @@ sample store's latest budget per rank, and the exporter's series."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from auditor.analysis.snapshot import SampleStore
 from auditor.cluster.intake import RankIntake
 from auditor.metrics.state import ExportState, apply_batch
-from auditor.probe.sink import encode, memory_message
+from auditor.probe.sink import memory_message
 from auditor.samples import Batch, MemoryBudget, RankInfo
 from auditor.telemetry.recorded import read_recording, write_recording
-from tests.helpers.waiting import wait_for
 
-from . import short_dir
+from . import collect, hello, send
 
 BUDGET = MemoryBudget(
     rank=1,
@@ -38,38 +31,6 @@ BUDGET = MemoryBudget(
     host_available_bytes=5 * 10**8,
     local_ranks=2,
 )
-
-
-@pytest.fixture
-def path() -> Iterator[str]:
-    d = short_dir()
-    yield os.path.join(d, "i.sock")
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def send(path: str, *msgs: dict[str, object]) -> None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(path)
-        s.sendall(b"".join(encode(m) for m in msgs))
-
-
-def hello(rank: int, job: str = "j") -> dict[str, object]:
-    info = RankInfo(rank=rank, world_size=2, pid=1000 + rank, host="h", job=job)
-    return {"type": "hello", "version": 1, "info": info.to_dict()}
-
-
-def collect(intake: RankIntake, ended: int) -> Batch:
-    got: list[MemoryBudget] = []
-    done: set[int] = set()
-
-    def poll() -> bool:
-        b = intake.drain()
-        got.extend(b.memory)
-        done.update(b.ended)
-        return len(done) >= ended
-
-    wait_for(poll, timeout=10)
-    return Batch(memory=tuple(got))
 
 
 def test_memory_message_reaches_the_intake_whole(path: str) -> None:

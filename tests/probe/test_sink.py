@@ -4,8 +4,6 @@ hello on every (re)connection, a complete final flush, and the intake's resilien
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import threading
 import time
@@ -18,8 +16,6 @@ from auditor.cluster.intake import RankIntake
 from auditor.probe.sink import Sink, encode, step_message
 from auditor.samples import Batch, RankInfo, StepSample
 from tests.helpers.waiting import wait_for
-
-from . import short_dir
 
 RANK = 2
 
@@ -80,13 +76,6 @@ class Received:
     @property
     def ended(self) -> set[int]:
         return {r for b in self.batches for r in b.ended}
-
-
-@pytest.fixture
-def path() -> Iterator[str]:
-    d = short_dir()
-    yield os.path.join(d, "s.sock")
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ from ..measures import (
 )
 from ..rule import Explained, Rule
 from ..snapshot import Snapshot
-from ..stats import collective_ops_ms, ops_order
+from ..stats import collective_ops_ms, object_ops_floor, ops_order
 
 KIND = "compute_straggler"
 # The phases compared, in order; ``other``: the rank's own work in no phase.
@@ -213,7 +213,8 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         return []
 
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
-    speedup = i.barrier.speedup(with_peers_work(i.local_s, i.work_s, blamed))
+    new_local = with_peers_work(i.local_s, i.work_s, blamed)
+    speedup = i.barrier.speedup(new_local)
     slow: dict[int, SlowRank] = {}
     per_rank: dict[str, object] = {}
     fixes: list[Fix] = []
@@ -247,6 +248,9 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     }
     if i.ops_ms:
         evidence["collective_ops_ms"] = i.ops_ms
+    span = _object_span(i, slow, new_local, speedup)
+    if span is not None:
+        evidence["speedup_if_object_collectives_go"] = round(span[1], 3)
     # The collectives the others wait in, by name where the probe reported them.
     waiting_in = ops_order(i.ops[q] for q in peers)
     return [
@@ -258,8 +262,27 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             evidence=evidence,
             predicted_speedup=speedup,
             fixes=tuple(fixes),
+            predicted_range=span,
         )
     ]
+
+
+def _object_span(
+    i: Inputs, slow: Mapping[int, SlowRank], new_local: Mapping[int, float], speedup: float
+) -> tuple[float, float] | None:
+    """Where a blamed rank's excess is its own code (no phase) and every rank pays for object
+    collectives each step (a metrics gather in the loop: pickling on one rank, unpickling on
+    all), the fix may remove those too: the barrier model's figure with their floor gone is the
+    range's high end. None where that does not apply or gives nothing more."""
+    if not any(s.phase == OTHER for s in slow.values()):
+        return None
+    floor = object_ops_floor(i.ops.values())
+    if floor <= 0:
+        return None
+    before = i.barrier.step_s()
+    after = Barrier(i.barrier.local, max(0.0, i.barrier.floor - floor)).step_s(new_local)
+    most = before / after if after > 0 else speedup
+    return (speedup, most) if most > speedup else None
 
 
 def _typical_for(i: Inputs, stalled: frozenset[int]) -> Inputs:

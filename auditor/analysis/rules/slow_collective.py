@@ -28,6 +28,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.fixes import Fix
 from auditor.analysis.rule import Explained, Rule
 from auditor.analysis.snapshot import Snapshot
+from auditor.analysis.stats import is_object_op
 from auditor.samples import StepSample
 
 KIND = "slow_collective"
@@ -255,12 +256,6 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             fixes=fixes,
         )
     ]
-
-
-def is_object_op(op: str) -> bool:
-    """An object collective: every rank pickles its object and unpickles everyone's, so its
-    time is serialisation as much as transfer (and its bytes are not known)."""
-    return op.endswith(("_object", "_object_list"))
 
 
 def _levers(op: str) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ that no rank is to blame, and the job's levers: the network first."""
 from __future__ import annotations
 
 from auditor.analysis.findings import Finding
-from auditor.analysis.rules.slow_collective import Facts, OpTransfer, is_object_op
+from auditor.analysis.rules.slow_collective import Facts, OpTransfer
+from auditor.analysis.stats import is_object_op
 from auditor.wording import fmt_bytes, fmt_ms, fmt_pct
 
 from .words import Phrase, phrase_facts
