@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from auditor.analysis import SampleStore
+from auditor.analysis.changes import latest_change
 from auditor.analysis.consistency import SetAside
 from auditor.analysis.consistency import review as check
 from auditor.analysis.engine import review
@@ -147,6 +148,8 @@ class Audit:
         self.findings: list[Finding] = []
         self.set_aside: tuple[SetAside, ...] = ()
         self._live_seen: set[Key] = set()
+        # Where the latest live window was cut: the job's step changed then (None: not cut).
+        self.changed_at: float | None = None
         self._last_step: dict[int, int] = {}
         self._died: dict[int, DeadRank] = {}
         self.nodes: list[dict[str, Any]] = []  # the job view's node states (multi-node jobs)
@@ -183,8 +186,15 @@ class Audit:
 
     def judge(self, now: float) -> tuple[Snapshot, Verdict]:
         """The live verdict over the window ending at ``now`` (this node's clock), and the
-        window judged."""
+        window judged: where the job's step changed for good inside the window
+        (:func:`~auditor.analysis.changes.latest_change`), the steps since that change only. A
+        fault that began four seconds ago is most of those steps, and a minority of a 10 s
+        window's, whose medians still show the job before it."""
         snap = self.store.snapshot(now, self.window_s, warmup_s=LIVE_WARMUP_S)
+        since = latest_change(snap) if self.window_s is not None else None
+        if since is not None:
+            snap = self.store.snapshot(now, now - since, warmup_s=LIVE_WARMUP_S)
+        self.changed_at = since
         return snap, self.judge_snapshot(snap)
 
     def judge_live(self, now: float) -> tuple[Snapshot, Verdict]:
@@ -192,10 +202,16 @@ class Audit:
         of critical whose predicted gain is under :data:`LIVE_CONFIRM_SPEEDUP` (or not predicted)
         is shown once two verdicts in a row have it. One window that catches a loader's hiccup
         on a busy host raised a 1.1x warning for one second on balanced jobs; a fault worth
-        more, or critical, shows at once."""
+        more, or critical, shows at once. On the steps since a change (a window cut short,
+        seconds of steps), every finding short of critical waits for a second verdict."""
         snap, verdict = self.judge(now)
         seen, self._live_seen = self._live_seen, {key(f) for f in verdict.findings}
-        shown = tuple(f for f in verdict.findings if key(f) in seen or not _marginal(f))
+        cut = self.changed_at is not None
+
+        def held(f: Finding) -> bool:
+            return _marginal(f) or (cut and f.severity != "critical")
+
+        shown = tuple(f for f in verdict.findings if key(f) in seen or not held(f))
         if len(shown) == len(verdict.findings):
             return snap, verdict
         return snap, replace(verdict, findings=shown)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -75,11 +76,30 @@ def run_auditor(
     report = tmp / "report.json"
     argv = [sys.executable, "-m", "auditor", "run", "--report", str(report), *args, "--", *command]
     start = time.monotonic()
-    proc = subprocess.run(
-        argv, cwd=REPO, env=env or base_env(), capture_output=True, text=True, timeout=timeout
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env or base_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Ctrl-C first, as a user would: the auditor stops its job and says where each rank
+        # was; what still runs after that is killed, so no job outlives the test.
+        proc.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        tail = "\n".join((stderr or "").splitlines()[-40:])
+        pytest.fail(f"auditor run still ran after {timeout:.0f} s; its last lines:\n{tail}")
     data = json.loads(report.read_text()) if report.exists() else None
-    return Run(proc.returncode, proc.stdout, proc.stderr, data, time.monotonic() - start)
+    return Run(proc.returncode, stdout, stderr, data, time.monotonic() - start)
 
 
 def torchrun(script: str, *args: str) -> list[str]:

@@ -53,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..advisor import Barrier
+from ..changes import changes
 from ..findings import Finding, severity_for
 from ..fixes import Fix
 from ..history import Bucket
@@ -72,8 +73,6 @@ PHASES = (DATA, "h2d", "forward", "backward", "optimizer", OTHER)
 LEVER_OF = {DATA: "loading_cost"}
 # Consistency factor of the median of normal noise against its mean (its standard error is
 # this much larger), and of the median absolute deviation against the standard deviation.
-MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
-MAD_SCALE = 1.4826
 
 
 @dataclass(frozen=True)
@@ -218,7 +217,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     """Place the job's lasting changes; blame the ranks whose own time rose at each rise that
     lasts, or none where every rank rose alike."""
     job = _job(i)
-    cuts = _changes(job, i, t)
+    cuts = changes(job, i.start, i.end, t)
     bounds = [0, *cuts, len(job)]
     levels = [_median(job[a:b]) for a, b in itertools.pairwise(bounds)]
     now = len(levels) - 1
@@ -250,105 +249,6 @@ def _job(i: Inputs) -> list[float]:
         if math.isnan(v):
             out[k] = out[k - 1] if k else next((x for x in out if not math.isnan(x)), 0.0)
     return out
-
-
-def _changes(x: Sequence[float], i: Inputs, t: Thresholds) -> list[int]:
-    """The lasting changes of ``x``, as the indices of the first bucket at the new level, in
-    order (binary segmentation: the largest first, then within each side)."""
-    cuts: list[int] = []
-    todo = [(0, len(x))]
-    while todo and len(cuts) < t.max_changes:
-        lo, hi = todo.pop()
-        cut = _split(x, lo, hi, i, t)
-        if cut is None:
-            continue
-        cuts.append(cut)
-        todo += [(lo, cut), (cut, hi)]
-    return sorted(cuts)
-
-
-def _split(x: Sequence[float], lo: int, hi: int, i: Inputs, t: Thresholds) -> int | None:
-    """The best split of ``x[lo:hi]`` (the rank-based CUSUM's, then placed to the bucket), where
-    it is a lasting change."""
-    m = t.min_segment
-    if hi - lo < 2 * m:
-        return None
-    values = x[lo:hi]
-    n = len(values)
-    ranks = _ranks(values)
-    best, cut, total = -1.0, None, 0.0
-    first = last = lo
-    for k in range(1, n - m + 1):
-        total += ranks[k - 1]
-        if k < m:
-            continue
-        if i.end[lo + k - 1] - i.start[lo] < t.min_segment_s:
-            continue
-        if i.end[hi - 1] - i.start[lo + k] < t.min_segment_s:
-            break
-        if cut is None:
-            first = lo + k
-        last = lo + k
-        # The rank sums' difference in standard errors (Mann-Whitney's statistic): its largest
-        # falls on a change, the largest of a staircase's too (unscaled, Pettitt's, would fall
-        # within a step of it).
-        u = abs(2 * total - k * (n + 1)) / math.sqrt(k * (n - k))
-        if u > best:
-            best, cut = u, lo + k
-    if cut is None:
-        return None
-    cut = _placed(x, lo, hi, cut, max(first, cut - m), min(last, cut + m))
-    return cut if _lasting(x[lo:cut], x[cut:hi], t) else None
-
-
-def _placed(x: Sequence[float], lo: int, hi: int, cut: int, a: int, b: int) -> int:
-    """The split in ``[a, b]`` that puts the most buckets on their side of the midpoint between
-    the two levels (nearest ``cut`` among equals): the rank-based statistic places a change
-    a bucket or two early or late where a bucket next to it is extreme among its own level."""
-    ma, mb = statistics.median(x[lo:cut]), statistics.median(x[cut:hi])
-    middle, sign = (ma + mb) / 2, (1.0 if mb >= ma else -1.0)
-    # Buckets of [a, b) on the new level's side: all of them right of a split at ``a``.
-    score = sum(sign * (v - middle) > 0 for v in x[a:b])
-    best, place = score, a
-    for k in range(a, b):
-        side = sign * (x[k] - middle)
-        score += (side < 0) - (side > 0)  # bucket k moves to the left of the split
-        if score > best or (score == best and abs(k + 1 - cut) < abs(place - cut)):
-            best, place = score, k + 1
-    return place
-
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    """Ranks from 1, ties sharing their mean rank (a level without noise is all ties)."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    out = [0.0] * len(values)
-    j = 0
-    while j < len(order):
-        k = j
-        while k + 1 < len(order) and values[order[k + 1]] == values[order[j]]:
-            k += 1
-        mean = (j + k) / 2 + 1
-        for n in range(j, k + 1):
-            out[order[n]] = mean
-        j = k + 1
-    return out
-
-
-def _lasting(a: Sequence[float], b: Sequence[float], t: Thresholds) -> bool:
-    """Whether ``a`` then ``b`` is a change of level: large, clear of the noise, persistent."""
-    ma, mb = statistics.median(a), statistics.median(b)
-    low, high = min(ma, mb), max(ma, mb)
-    if low <= 0 or high - low < t.min_rise_share * low:
-        return False
-    spread = MAD_SCALE * statistics.median([abs(v - ma) for v in a] + [abs(v - mb) for v in b])
-    error = MEDIAN_EFFICIENCY * spread * math.sqrt(1 / len(a) + 1 / len(b))
-    if error > 0 and (high - low) / error < t.min_z:
-        return False
-    middle = (ma + mb) / 2
-    sign = 1.0 if mb > ma else -1.0
-    kept_a = sum(sign * (middle - v) > 0 for v in a) / len(a)
-    kept_b = sum(sign * (v - middle) > 0 for v in b) / len(b)
-    return kept_a >= t.persistence and kept_b >= t.persistence
 
 
 def _finding(
