@@ -3,7 +3,9 @@ past warm-up is named with its rate, level, capacity and time to full, and nothi
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,8 @@ from auditor.analysis.rules.memory_growth import (
     theil_sen,
 )
 from auditor.analysis.snapshot import Snapshot
+from auditor.audit import Audit
+from auditor.telemetry.recorded import read_recording
 from tests.helpers.growth import (
     FLAT,
     Course,
@@ -329,3 +333,20 @@ def test_the_engine_names_the_leak_and_no_larger_batch_for_it() -> None:
     assert raises == []
     # Rank 1, flat, still gets its larger batch.
     assert any(fx.lever == "batch_size" and fx.rank == 1 for f in findings for fx in f.fixes)
+
+
+def test_a_leak_whose_heap_is_trimmed_at_the_end_still_climbs() -> None:
+    """A real CPU job (``bench/gpu_validate.py --dry-run``'s leak: rank 1 keeps every step's loss
+    with its graph), recorded: rank 1's RSS climbs in stairs from 381 to 1015 MiB, then the heap
+    hands 48 MiB back in its last steps. The last third's plain slope fell to 1.3 MiB a step
+    (under half the rate: "the rise stopped", no finding); its running maximum climbs on."""
+    data = Path(__file__).parents[1] / "data" / "cpu_leak_heap_trimmed"
+    rec = read_recording(data / "recording.jsonl")
+    audit = Audit(rec.job, window_s=None)
+    audit.add(rec.batch)
+    _, findings = audit.final()
+    growth = [f for f in findings if f.kind == "memory_growth"]
+    assert [(f.ranks, f.severity) for f in growth] == [((1,), "critical")]
+    own = json.loads((data / "rank1_own_measure.json").read_text())["bytes_per_step"]
+    rate = growth[0].evidence["per_rank"]["1"]["bytes_per_step"]
+    assert abs(rate / own - 1) <= 0.1, (rate, own)
