@@ -162,7 +162,9 @@ class Live:
 
     Args:
         min_segment: steps on either side; the rules judge no rank on fewer than 8.
-        min_segment_s: seconds on either side (a burst on a busy host is not a change).
+        min_segment_s: seconds on either side (a burst on a busy host is not a change: at 1 s,
+            a balanced job's rank slowed for two seconds on this 2-core machine raised a
+            compute_straggler warning in 2 of 4 runs of the fault benchmark's control).
         min_rise_share: the job's step changes by this share of the lower level.
         min_z: the change in robust standard errors (noise alone reaches 3 to 4).
         persistence: the share of steps on each side on their side of the midpoint.
@@ -170,7 +172,7 @@ class Live:
     """
 
     min_segment: int = 8
-    min_segment_s: float = 1.0
+    min_segment_s: float = 2.0
     min_rise_share: float = 0.15
     min_z: float = 5.0
     persistence: float = 0.75
