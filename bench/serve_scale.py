@@ -20,13 +20,18 @@ Goal: at most 0.2 s of decoding and 0.2 s of analysis for 4,096 ranks over a 60 
 gated: ``goal_met``). Growth with ranks is reported as microseconds per rank at each size (flat =
 linear).
 
+Memory per evaluation (``memory``): one more evaluation, untimed, from a cold start (the client's
+label cache emptied) under :mod:`tracemalloc`: the peak it allocated (``peak_mb``: the answers,
+the snapshot, the rules' working set), and what it left held once its answers and results were
+dropped (``retained_mb``: the label cache, kept for the next evaluation).
+
     python bench/serve_scale.py [--ranks 64,256,1024,2048,4096,8192] [--scrape 15] [--repeats 5]
-    python bench/serve_scale.py --against c91237e [--rounds 3]   # side by side with a commit
+    python bench/serve_scale.py --against c91237e [--rounds 3] [--ranks 16384]  # with a commit
 
 ``--against REV`` checks ``REV`` out into a temporary worktree and times its serve and this
-tree's at ``GOAL_RANKS`` ranks in alternating rounds (each arm in its own fresh interpreter,
-``--repeats`` evaluations a round), so a shared machine's drift hits both; the ratios go into
-``bench/results/serve_scale_against.json``.
+tree's at ``GOAL_RANKS`` ranks (or the one size ``--ranks`` names) in alternating rounds (each
+arm in its own fresh interpreter, ``--repeats`` evaluations a round), so a shared machine's drift
+hits both; the ratios go into ``bench/results/serve_scale_against.json``.
 
 Writes bench/results/serve_scale.json.
 """
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -86,7 +92,7 @@ def fake_prometheus(raw: dict[str, bytes]) -> PrometheusClient:
     return PrometheusClient("http://prometheus.bench:9090", opener=opener)
 
 
-def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
+def measure(ranks: int, scrape_s: float, repeats: int, *, memory: bool = False) -> dict[str, Any]:
     now = 1_800_000_000.0
     raw = as_prometheus_json(answers(ranks, scrape_s=scrape_s, now=now))
     service = AuditService(fake_prometheus(raw), window_s=WINDOW_S, clock=lambda: now)
@@ -119,6 +125,7 @@ def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
             series = sum(len(a) for a in ans.values())
             del ans, snapshot  # freed outside the timings, as the service drops them
     job = results[JOB]
+    held = _memory(service, now) if memory else None
     found = sorted({(f.kind, r) for f in job.findings for r in f.ranks if f.severity != "info"})
     median = statistics.median(analysis)
     return {
@@ -133,7 +140,25 @@ def measure(ranks: int, scrape_s: float, repeats: int) -> dict[str, Any]:
         "decode_per_rank_us": round(statistics.median(decoding) / ranks * 1e6, 2),
         "answer_bytes": sum(len(b) for b in raw.values()),
         "findings": [f"{k} rank {r}" for k, r in found],
+        "memory": held,
     }
+
+
+def _memory(service: AuditService, now: float) -> dict[str, float]:
+    """One evaluation from a cold start (the client's label cache emptied) under tracemalloc,
+    numpy's buffers included: the peak it allocated, and what it left held once its answers and
+    results were dropped (the label cache), in MB."""
+    service.client.labels.clear()
+    tracemalloc.start()
+    try:
+        with no_cyclic_gc():
+            ans = service.fetch(now)
+            results = analyse_answers(ans, now, window_s=WINDOW_S, stale_after_s=60.0)
+            del ans, results
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return {"peak_mb": round(peak / 2**20, 1), "retained_mb": round(held / 2**20, 1)}
 
 
 def _arm(tree: str, ranks: int, repeats: int) -> dict[str, float]:
@@ -154,8 +179,8 @@ def _arm(tree: str, ranks: int, repeats: int) -> dict[str, float]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def against(rev: str, rounds: int, repeats: int) -> int:
-    """This tree's serve against ``rev``'s, side by side at ``GOAL_RANKS`` ranks."""
+def against(rev: str, rounds: int, repeats: int, ranks: int = GOAL_RANKS) -> int:
+    """This tree's serve against ``rev``'s, side by side at ``ranks`` ranks."""
     here = c.REPO
     with tempfile.TemporaryDirectory(prefix="serve-against-") as tmp:
         base = os.path.join(tmp, "tree")
@@ -168,7 +193,7 @@ def against(rev: str, rounds: int, repeats: int) -> int:
             arms: dict[str, list[dict[str, float]]] = {"base": [], "this": []}
             for n in range(rounds):
                 for arm, tree in (("base", base), ("this", here)):
-                    arms[arm].append(_arm(tree, GOAL_RANKS, repeats))
+                    arms[arm].append(_arm(tree, ranks, repeats))
                     print(f"round {n + 1}/{rounds} {arm:4s} {arms[arm][-1]}", flush=True)
         finally:
             subprocess.run(
@@ -181,7 +206,7 @@ def against(rev: str, rounds: int, repeats: int) -> int:
     path = c.write_result(
         "serve_scale_against",
         {
-            "what": f"serve at {GOAL_RANKS} ranks, this tree against {rev}, alternated rounds of "
+            "what": f"serve at {ranks} ranks, this tree against {rev}, alternated rounds of "
             f"{repeats} evaluations each (medians per round)",
             "against": rev,
             "loadavg": c.loadavg(),
@@ -197,18 +222,20 @@ def against(rev: str, rounds: int, repeats: int) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", default="64,256,1024,2048,4096,8192")
+    p.add_argument(
+        "--ranks", help="sizes (default 64,256,1024,2048,4096,8192; with --against one size)"
+    )
     p.add_argument("--scrape", default="15", help="scrape intervals to try (seconds)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--against", metavar="REV", help="time this tree side by side with REV's")
     p.add_argument("--rounds", type=int, default=3, help="alternated rounds with --against")
     args = p.parse_args()
     if args.against:
-        return against(args.against, args.rounds, args.repeats)
+        return against(args.against, args.rounds, args.repeats, int(args.ranks or GOAL_RANKS))
     rows = []
     for scrape in [float(s) for s in args.scrape.split(",")]:
-        for n in [int(r) for r in args.ranks.split(",")]:
-            row = measure(n, scrape, args.repeats)
+        for n in [int(r) for r in (args.ranks or "64,256,1024,2048,4096,8192").split(",")]:
+            row = measure(n, scrape, args.repeats, memory=True)
             rows.append(row)
             print(
                 f"ranks {n:5d}  scrape {scrape:4.0f} s  analysis median "
@@ -216,7 +243,9 @@ def main() -> int:
                 f"rebuild {row['rebuild_s']['median']:.3f} s + "
                 f"rules {row['rules_s']['median']:.3f} s)  "
                 f"decode {row['decode_s']['median']:.3f} s "
-                f"({row['decode_per_rank_us']:.0f} us/rank)  findings {row['findings']}",
+                f"({row['decode_per_rank_us']:.0f} us/rank)  "
+                f"memory peak {row['memory']['peak_mb']:.0f} MB "
+                f"(retained {row['memory']['retained_mb']:.0f} MB)  findings {row['findings']}",
                 flush=True,
             )
     at_goal = [r for r in rows if r["ranks"] == GOAL_RANKS]

@@ -43,12 +43,31 @@ class Key:
         return values[0] if len(values) == 1 else values
 
     def all(self, vector: Vector) -> list[Any]:
-        """Every series' key. Prometheus leaves out empty labels, so a series may lack one: the
-        C-level getter serves the usual answer whole, the slow path the others."""
+        """Every series' key (read-only: it may be shared). Prometheus leaves out empty labels,
+        so a series may lack one: the C-level getter serves the usual answer whole, the slow
+        path the others."""
+        labels = vector.labels
+        # The client hands answers of one shape the same (immutable) tuple of labels, from one
+        # evaluation to the next too (PrometheusClient.labels): their keys are read once.
+        shared = type(labels) is tuple
+        if shared:
+            for seen, keys in _KEYS_SEEN.get(self.names, ()):
+                if seen is labels:
+                    return keys
         try:
-            return list(map(itemgetter(*self.names), vector.labels))
+            keys = list(map(itemgetter(*self.names), labels))
         except KeyError:
-            return [self.of(labels) for labels in vector.labels]
+            keys = [self.of(x) for x in labels]
+        if shared:
+            kept = _KEYS_SEEN.setdefault(self.names, [])
+            kept[:] = [(labels, keys), *kept[: _KEYS_KEPT - 1]]
+        return keys
+
+
+# The keys of the label tuples read last, by key names (kept alive with them: identity is the
+# test).
+_KEYS_SEEN: dict[tuple[str, ...], list[tuple[Sequence[Mapping[str, str]], list[Any]]]] = {}
+_KEYS_KEPT = 4
 
 
 RANK = Key(("auditor_job", "rank"))
@@ -85,7 +104,9 @@ class Columns:
         as it may be shared with other answers."""
         labels = vector.labels
         for seen, at in self._seen:
-            if len(seen) == len(labels) and seen == labels:
+            # The client hands answers of one shape the same labels (PrometheusClient.labels):
+            # the identity check is the usual hit, the comparison the rest.
+            if seen is labels or (len(seen) == len(labels) and seen == labels):
                 return at
         at = rows(vector, self.index, self.key)
         at.setflags(write=False)

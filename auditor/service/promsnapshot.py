@@ -24,6 +24,7 @@ answers and benchmarked at 4,096 ranks without a Prometheus server.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -123,10 +124,11 @@ def build_snapshots(
         for key, n in zip(RANK.all(steps), steps.values.tolist(), strict=True)
         if n == n and (wanted is None or key[0] in wanted)
     ]
+    keys = list(dict.fromkeys([*infos, *counted]))
     ranked = sorted(
         (key[0], number, key)
-        for key in dict.fromkeys([*infos, *counted])
-        if (number := _int(key[1])) is not None
+        for key, number in zip(keys, _ints([key[1] for key in keys]), strict=True)
+        if number is not None
     )
     index = {key: i for i, (_, _, key) in enumerate(ranked)}
     by_rank = Columns(index, RANK)
@@ -136,44 +138,57 @@ def build_snapshots(
 
     gpus = gpu_stats(answers, wanted)
     # The GPUs whose series name a rank, in index order: their indexes and UUIDs.
-    owned: dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]] = {}
-    for uuid, (g, owner_job, owner_rank) in gpus.items():
-        if owner_job and owner_rank:
-            key = (owner_job, owner_rank)
-            had = owned.get(key)
-            if had is None:  # the usual rank: one GPU
-                owned[key] = ((g.index,), (uuid,))
-            else:
-                pairs = sorted([*zip(*had, strict=True), (g.index, uuid)])
-                owned[key] = (tuple(i for i, _ in pairs), tuple(u for _, u in pairs))
+    owned = _owned(gpus)
     loaders = dict(zip(RANK.all(loader_info), loader_info.labels, strict=True))
     info_of = _rank_infos(ranked, infos, loaders, owned, optional(col("config_workers")))
     views, stats = _ranks(info_of, now, col)
 
-    by_job: dict[str, list[RankView]] = defaultdict(list)
-    stats_of: dict[str, dict[int, RankStats]] = defaultdict(dict)
-    hosts_of: dict[str, set[str]] = defaultdict(set)
-    for (job, rank, _), info, view, stat in zip(ranked, info_of, views, stats, strict=True):
-        hosts_of[job].add(info.host)
-        by_job[job].append(view)
-        stats_of[job][rank] = stat
+    # Sorted by job: each job's ranks are one slice of the columns.
+    jobs = [job for job, _, _ in ranked]
+    numbers = [rank for _, rank, _ in ranked]
+    hosts = [info.host for info in info_of]
     nodes = _nodes(answers, now)
-    return {
-        job: Snapshot(
+    out: dict[str, Snapshot] = {}
+    for job in dict.fromkeys(jobs):
+        first, end = bisect_left(jobs, job), bisect_right(jobs, job)
+        hosts_of = set(hosts[first:end])
+        out[job] = Snapshot(
             job=job,
             start=now - window_s,
             end=now,
-            ranks=tuple(views),
-            nodes=_job_nodes(nodes, job, hosts_of[job]),
+            ranks=tuple(views[first:end]),
+            nodes=_job_nodes(nodes, job, hosts_of),
             gpus=tuple(
                 g
                 for g, gjob, _ in gpus.values()
-                if gjob == job or (not gjob and g.node in hosts_of[job])
+                if gjob == job or (not gjob and g.node in hosts_of)
             ),
-            precomputed_stats=stats_of[job],
+            precomputed_stats=dict(zip(numbers[first:end], stats[first:end], strict=True)),
         )
-        for job, views in by_job.items()
-    }
+    return out
+
+
+def _owned(
+    gpus: Mapping[str, tuple[DeviceStats, str, str]],
+) -> dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]]:
+    """The GPUs whose series name a rank, by rank key: their indexes and UUIDs, in index
+    order."""
+    named = [(job, rank, g.index, uuid) for uuid, (g, job, rank) in gpus.items() if job and rank]
+    keys = [(job, rank) for job, rank, _, _ in named]
+    owned: dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+    if len(set(keys)) == len(keys):  # the usual job: one GPU a rank, built in C
+        indexes = zip([i for _, _, i, _ in named])  # 1-tuples
+        uuids = zip([u for _, _, _, u in named])
+        owned.update(zip(keys, zip(indexes, uuids, strict=True), strict=True))
+        return owned
+    for key, (_, _, index, uuid) in zip(keys, named, strict=True):
+        had = owned.get(key)
+        if had is None:
+            owned[key] = ((index,), (uuid,))
+        else:
+            pairs = sorted([*zip(*had, strict=True), (index, uuid)])
+            owned[key] = (tuple(i for i, _ in pairs), tuple(u for _, u in pairs))
+    return owned
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,6 +207,14 @@ def _int(text: str | None) -> int | None:
         return int(float(text))
     except (ValueError, OverflowError):
         return None
+
+
+def _ints(texts: list[str]) -> list[int | None]:
+    """:func:`_int` of each label: in C where all are plain whole numbers (rank numbers)."""
+    try:
+        return list(map(int, texts))
+    except (TypeError, ValueError):
+        return list(map(_int, texts))
 
 
 @lru_cache(maxsize=1024)
@@ -465,7 +488,12 @@ def _gpu_stats(
     missing GPU must not read as an idle one.
     """
     identity: dict[str, Mapping[str, str]] = {}
-    for series in as_vector(answers.get(prefix + "gpu_up")).labels:
+    up = as_vector(answers.get(prefix + "gpu_up"))
+    uuids = GPU.all(up)
+    if not owners and "" not in uuids and len(set(uuids)) == len(uuids):
+        # The usual answer: a series per GPU, nothing to join (built in C).
+        identity.update(zip(uuids, up.labels, strict=True))
+    for series in () if identity else up.labels:
         uuid = series.get("uuid", "")
         owner = (owners or {}).get(uuid)
         if owner is not None and not series.get(C.JOB_LABEL):
