@@ -117,8 +117,15 @@ def judge(snapshot: Snapshot, overrides: Overrides | None = None) -> Verdict:
 
 
 # A live finding short of critical whose predicted gain is under this (or not predicted) is shown
-# once two live verdicts in a row have it (:meth:`Audit.judge_live`).
+# once the live verdicts have held it for LIVE_CONFIRM_S (:meth:`Audit.judge_live`): a loader's
+# hiccup on a busy host moves a window's medians for about a second.
 LIVE_CONFIRM_SPEEDUP = 1.25
+LIVE_CONFIRM_S = 1.0
+# A finding short of critical on a window cut at a change is shown once the verdicts have held
+# it this long: a second verdict at the default cadence (0.5 s).
+LIVE_CUT_CONFIRM_S = 0.5
+# Verdicts come on a timer that wakes a little early or late: a hold is met within this.
+_CONFIRM_SLACK_S = 0.1
 
 
 def _marginal(f: Finding) -> bool:
@@ -147,7 +154,8 @@ class Audit:
         self.store = SampleStore(job, on_add=on_add, warmup_steps=warmup_steps)
         self.findings: list[Finding] = []
         self.set_aside: tuple[SetAside, ...] = ()
-        self._live_seen: set[Key] = set()
+        # Each live finding's first verdict in its current unbroken run of verdicts.
+        self._live_since: dict[Key, float] = {}
         # Where the latest live window was cut: the job's step changed then (None: not cut).
         self.changed_at: float | None = None
         self._last_step: dict[int, int] = {}
@@ -198,20 +206,27 @@ class Audit:
         return snap, self.judge_snapshot(snap)
 
     def judge_live(self, now: float) -> tuple[Snapshot, Verdict]:
-        """:meth:`judge` as the live panel, the events and the endpoint show it: a finding short
+        """:meth:`judge` as the live panel, the events and the endpoint show it. A finding short
         of critical whose predicted gain is under :data:`LIVE_CONFIRM_SPEEDUP` (or not predicted)
-        is shown once two verdicts in a row have it. One window that catches a loader's hiccup
-        on a busy host raised a 1.1x warning for one second on balanced jobs; a fault worth
-        more, or critical, shows at once. On the steps since a change (a window cut short,
-        seconds of steps), every finding short of critical waits for a second verdict."""
+        is shown once the verdicts have held it for :data:`LIVE_CONFIRM_S`: one window that
+        catches a loader's hiccup on a busy host raised a 1.1x warning for a second on balanced
+        jobs. On the steps since a change (a window cut short, seconds of steps), every finding
+        short of critical waits :data:`LIVE_CUT_CONFIRM_S`: a rank slowed for a moment on a
+        loaded host is not a straggler. A fault worth more on a whole window, or critical,
+        shows at once."""
         snap, verdict = self.judge(now)
-        seen, self._live_seen = self._live_seen, {key(f) for f in verdict.findings}
+        since = {k: self._live_since.get(k, now) for k in map(key, verdict.findings)}
+        self._live_since = since
         cut = self.changed_at is not None
 
-        def held(f: Finding) -> bool:
-            return _marginal(f) or (cut and f.severity != "critical")
+        def hold_s(f: Finding) -> float:
+            if f.severity in ("critical", "info"):
+                return 0.0
+            return max(LIVE_CONFIRM_S if _marginal(f) else 0.0, LIVE_CUT_CONFIRM_S if cut else 0.0)
 
-        shown = tuple(f for f in verdict.findings if key(f) in seen or not held(f))
+        shown = tuple(
+            f for f in verdict.findings if now - since[key(f)] >= hold_s(f) - _CONFIRM_SLACK_S
+        )
         if len(shown) == len(verdict.findings):
             return snap, verdict
         return snap, replace(verdict, findings=shown)

@@ -14,6 +14,11 @@ from typing import Any
 Overrides = dict[str, dict[str, Any]]
 
 
+# Seconds between live verdicts: a fault shows a fraction of this after its evidence is in, and
+# a finding held for confirmation shows a verdict later (one verdict of a two-rank job: ~15 ms).
+LIVE_INTERVAL_S = 0.5
+
+
 class ConfigError(ValueError):
     """A wrong option or value; the CLI prints it on one line and exits 2."""
 
@@ -53,7 +58,7 @@ class RunConfig:
     # dcgm: the node's dcgm-exporter reads the GPUs; no GpuMonitor actor is started.
     gpu_source: str = "auditor"
     window: float = 10.0
-    live_interval: float = 1.0
+    live_interval: float = LIVE_INTERVAL_S
     job: str | None = None
     grace: float = 10.0
     ray_temp_dir: str | None = None

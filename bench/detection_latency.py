@@ -2,7 +2,7 @@
 
 Each repeat runs, at default settings (live verdict every second, 10 s window)::
 
-    auditor run --live-interval 1 --events <tmp> --report <tmp> -- \
+    auditor run --events <tmp> --report <tmp> -- \
         torchrun --nproc_per_node=2 bench/fault_job.py --fault-after F --seconds T
 
 ``bench/fault_job.py`` is examples/starved_rank.py plus one line: the faulty rank prints
@@ -34,6 +34,8 @@ from typing import IO, Any
 
 import _common as c
 import _events as ev
+
+from auditor.configs import LIVE_INTERVAL_S
 
 GOAL_S = 3.0
 KIND = "data_starvation"
@@ -92,7 +94,7 @@ def run_once(
             str(fault_rank),
         ]
         cmd = [
-            *c.which_auditor(), "run", "--live-interval", "1", "--events", events,
+            *c.which_auditor(), "run", "--events", events,
             "--report", report, "--", *job,
         ]  # fmt: skip
         env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE})
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "fault_after": args.fault_after,
             "seconds": args.seconds,
             "fault_rank": args.fault_rank,
-            "live_interval": 1,
+            "live_interval": LIVE_INTERVAL_S,
             "window": "default",
             "detected_from": "auditor run --events (the verdict line's own time)",
         },

@@ -3,7 +3,7 @@
 For each case, a real job (plain DDP loop, Lightning, the Hugging Face Trainer; 2 ranks, gloo
 on CPU) runs under::
 
-    auditor run --no-ray --live-interval 1 --events events.jsonl --report before.json -- JOB
+    auditor run --no-ray --events events.jsonl --report before.json -- JOB
 
 (``--no-ray``: the node agent in the run's own process, so that no run pays a Ray start-up and
 teardown on two cores; ``--ray shared`` joins one Ray head for every run instead.)
@@ -49,6 +49,8 @@ from typing import Any
 
 import _common as c
 import _events as ev
+
+from auditor.configs import LIVE_INTERVAL_S
 
 JOBS = os.path.join(c.BENCH_DIR, "faults_jobs")
 GOAL_RATIO = 0.20
@@ -176,7 +178,7 @@ def run_once(
     events = os.path.join(tmp, f"{tag}.events.jsonl")
     report = os.path.join(tmp, f"{tag}.json")
     log = os.path.join(tmp, f"{tag}.log")
-    cmd = [*c.which_auditor(), "run", "--live-interval", "1", "--events", events,
+    cmd = [*c.which_auditor(), "run", "--events", events,
            "--report", report, *(["--address", address] if address else []), *extra,
            "--", *cmd_job]  # fmt: skip
     env = c.clean_env({"RAY_AUTH_MODE": c.RAY_AUTH_MODE, "PYTHONUNBUFFERED": "1"})
@@ -615,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
             "seconds": args.seconds,
             "fault_after": args.fault_after,
-            "live_interval": 1,
+            "live_interval": LIVE_INTERVAL_S,
             "window": "default",
             "apply_available": apply,
             "ray": args.ray,

@@ -69,21 +69,26 @@ def test_every_scenario_is_compared() -> None:
     ]
 
 
-def test_a_marginal_live_warning_shows_once_two_verdicts_have_it() -> None:
+def test_a_marginal_live_warning_shows_once_the_verdicts_have_held_it_for_a_second() -> None:
     from auditor.audit import Audit
     from tests.helpers.jobs import JobBuilder, backward_straggler, balanced, with_rank
 
-    def live(specs: list[Any]) -> list[list[tuple[str, str]]]:
+    def live(
+        specs: list[Any], after: tuple[float, ...] = (0.0, 1.0)
+    ) -> list[list[tuple[str, str]]]:
         audit = Audit("j", window_s=None)
         job = JobBuilder(specs, store=audit.store).run(120)
         return [
-            [(f.kind, f.severity) for f in audit.judge_live(job.now)[1].findings] for _ in range(2)
+            [(f.kind, f.severity) for f in audit.judge_live(job.now + t)[1].findings] for t in after
         ]
 
-    # A warning worth under 1.25x (1.18x): held back for one verdict, then shown.
+    # A warning worth under 1.25x (1.18x): held back until verdicts a second apart have it.
     first, second = live(with_rank(balanced(2, num_workers=1), 1, data_wait=0.02))
     assert ("data_starvation", "warning") in second
     assert "data_starvation" not in [k for k, _ in first]
+    # Verdicts half a second apart (the default cadence): the third shows it.
+    verdicts = live(with_rank(balanced(2, num_workers=1), 1, data_wait=0.02), (0.0, 0.5, 1.0))
+    assert ["data_starvation" in [k for k, _ in v] for v in verdicts] == [False, False, True]
     # Critical: shown at once.
     first, _ = live(backward_straggler())
     assert ("compute_straggler", "critical") in first

@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any, Protocol
 
 from auditor.samples import LoaderConfig, ProcessCpu, RankInfo, StepSample
@@ -247,10 +248,12 @@ def median(values: Sequence[float]) -> float:
 
 def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
     """The value at half of the total weight (lower median on an exact tie); 0.0 when empty."""
-    pairs = sorted((v, w) for v, w in zip(values, weights, strict=True) if w > 0)
+    pairs = sorted(zip(values, weights, strict=True))
+    if pairs and min(weights) <= 0:
+        pairs = [(v, w) for v, w in pairs if w > 0]
     if not pairs:
         return median(values)
-    half = sum(w for _, w in pairs) / 2
+    half = sum(weights if len(pairs) == len(values) else [w for _, w in pairs]) / 2
     acc = 0.0
     for v, w in pairs:
         acc += w
@@ -268,14 +271,15 @@ def _wmed(steps: Sequence[Any], field: str, cap: float) -> float | None:
         value = getattr(steps[0], field)
         return None if value is None else float(value)
     # A sample standing for several steps (their mean) weighs as much as those steps together.
-    pairs = [
-        (getattr(s, field), min(s.step_s, cap) * s.count)
-        for s in steps
-        if getattr(s, field) is not None
-    ]
-    if not pairs:
-        return None
-    return weighted_median([p[0] for p in pairs], [p[1] for p in pairs])
+    # Called for a dozen fields a rank on every live verdict: the loops stay in C where they can.
+    values = list(map(attrgetter(field), steps))
+    weights = [min(s.step_s, cap) * s.count for s in steps]
+    if None in values:
+        kept = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
+        if not kept:
+            return None
+        values, weights = [v for v, _ in kept], [w for _, w in kept]
+    return weighted_median(values, weights)
 
 
 def median_or_none(values: Sequence[float | None]) -> float | None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from auditor.configs import RunConfig
+from auditor.configs import LIVE_INTERVAL_S, RunConfig
 
 from .applying import parse_apply
 from .options import (
@@ -79,9 +79,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         "--live-interval",
         "live_interval",
-        "seconds between live table refreshes (0: off)",
+        f"seconds between live verdicts and table refreshes (0: no table; verdicts every "
+        f"{LIVE_INTERVAL_S:g} s)",
         non_negative,
-        1.0,
+        LIVE_INTERVAL_S,
     ),
     Option("--job", "job", "job name used in metrics and the report (default: script name)"),
     Option(

@@ -40,7 +40,7 @@ from auditor.cluster.launcher import (
 )
 from auditor.cluster.probing import ProbeErrors, probe_env
 from auditor.cluster.runtime import AgentHandle, InProcessAgent, check_cluster, start_agent
-from auditor.configs import RunConfig
+from auditor.configs import LIVE_INTERVAL_S, RunConfig
 from auditor.launch_env import Launch, identify, read_pod_labels, remote_ranks_note
 from auditor.liveview import LiveView, open_view
 from auditor.metrics.endpoint import RunEndpoint
@@ -568,7 +568,7 @@ def _live_loop(
     out: TextIO,
     view: LiveView,
 ) -> None:
-    interval = cfg.live_interval if cfg.live_interval > 0 else 1.0
+    interval = cfg.live_interval if cfg.live_interval > 0 else LIVE_INTERVAL_S
     audit = link.audit
     while child.wait(interval if link.view is None else min(interval, EXCHANGE_S)) is None:
         link.say_probe_errors()
