@@ -24,6 +24,7 @@ from auditor.analysis.snapshot import LIVE_WARMUP_S, WARMUP_STEPS, Snapshot
 from auditor.analysis.spread import (
     PARTS,
     Key,
+    capped_at,
     host_ceiling,
     key,
     part_bounds,
@@ -252,7 +253,35 @@ class Audit:
             self.judge_snapshot(snap)
             since = self._judge_latest_segment(snap)
             self._with_ranges(snap, since)
+            self._no_faster_than_before(snap)
         return snap, list(self.findings)
+
+    def _no_faster_than_before(self, whole: Snapshot) -> None:
+        """Where the run turned slow for good (a ``slowdown`` found), a finding that appeared
+        with the change promises at most the job's step now over its step before the change:
+        its fix takes the job back to the pace it kept without the fault, not past it. The
+        model's figures come from the slow steps, which run cheaper than the job will once
+        every rank works again (a starved rank's peer computes alone on a shared host, and its
+        collectives wait on an idle peer). A finding the steps before the change have too is
+        left as it is: its fix may take the job past that pace."""
+        changes = [f.facts for f in self.findings if isinstance(f.facts, Slowdown)]
+        if not changes:
+            return
+        change = max(changes, key=lambda c: c.time)
+        cap = change.slowdown
+        over = [
+            f
+            for f in self.findings
+            if f.predicted_speedup is not None
+            and f.predicted_speedup > cap
+            and not isinstance(f.facts, Slowdown)
+        ]
+        if cap <= 1.0 or not over or not whole.start < change.time < whole.end:
+            return
+        before = judge(self.store.snapshot(change.time, change.time - whole.start), self.overrides)
+        had = {key(f) for f in before.findings}
+        capped = {key(f): capped_at(f, cap, change.step) for f in over if key(f) not in had}
+        self.findings = [capped.get(key(f), f) for f in self.findings]
 
     def _with_ranges(self, whole: Snapshot, since: float | None) -> None:
         """Each predicted speed-up with its range (:mod:`auditor.analysis.spread`): the rules

@@ -62,3 +62,43 @@ def test_a_run_without_a_change_is_judged_once() -> None:
     _, findings = audit.final()
     assert all("since_step" not in f.evidence for f in findings)
     assert [f for f in findings if f.severity != "info"] == []
+
+
+def _starved_late(before: dict[str, float], after: dict[str, float]) -> Audit:
+    """150 steps with ``before`` on every rank, then 150 with ``after`` on every rank and rank 1
+    waiting 0.2 s a step for its data."""
+    audit = Audit("test")
+    job = JobBuilder(balanced(2, **before), store=audit.store)
+    job.run(150)
+    job.run(150, with_rank(balanced(2, **after), 1, data_wait=0.2, num_workers=0))
+    return audit
+
+
+def test_a_fault_that_came_with_the_change_promises_no_more_than_the_pace_before_it() -> None:
+    # Before the change every rank's forward took 80 ms; since, 40 ms (the starved rank's peer
+    # computes alone on the host). The loader's fix is judged on the fast steps, but it takes
+    # the job back to the pace it kept before the fault at best.
+    audit = _starved_late({"forward": 0.080}, {"forward": 0.040})
+    _, findings = audit.final()
+    by = {(f.kind, f.ranks): f for f in findings}
+    slow = by[("slowdown", (1,))]
+    starved = by[("data_starvation", (1,))]
+    cap = slow.facts.slowdown
+    assert starved.predicted_speedup == cap
+    assert starved.evidence["speedup_capped"]["model"] > cap * 1.1
+    assert starved.evidence["speedup_capped"]["before_step"] == slow.facts.step
+    assert starved.predicted_range is not None and starved.predicted_range[1] <= cap
+    assert all(x.speedup == cap for x in starved.fixes if x.speedup is not None)
+
+
+def test_a_fault_the_steps_before_the_change_had_too_keeps_its_prediction() -> None:
+    # Starved all along, and more so after the change: its fix may beat the earlier pace.
+    audit = Audit("test")
+    job = JobBuilder(with_rank(balanced(2), 1, data_wait=0.1, num_workers=0), store=audit.store)
+    job.run(150)
+    job.run(150, with_rank(balanced(2), 1, data_wait=0.3, num_workers=0))
+    _, findings = audit.final()
+    by = {(f.kind, f.ranks): f for f in findings}
+    starved = by[("data_starvation", (1,))]
+    assert "speedup_capped" not in starved.evidence
+    assert starved.predicted_speedup > by[("slowdown", (1,))].facts.slowdown * 1.5

@@ -17,6 +17,12 @@ much faster. Its cores over its busy cores is the most any such fix can speed th
 that is below a prediction, the range reaches down to it (a fix that also removes CPU work may
 do better: the barrier model's figure stays the prediction).
 
+A run that turned slow for good (a ``slowdown`` at step N) also bounds the findings that came
+with the change: the steps before N ran without the fault, so its fix takes the job back to that
+pace at best (:func:`capped_at`, applied by :meth:`auditor.audit.Audit.final` to findings the
+steps before N do not have). The model reads the slow steps, which run cheaper than the job will
+once every rank works again: a starved rank's peer computes alone on a shared host.
+
 What the range does not hold: an error of the model beyond these (a fix that costs something
 the run never measured). The fault benchmark (``bench/faults.py``) reports, per case, whether
 the achieved speed-up fell inside the range, so that error shows where it is.
@@ -113,3 +119,26 @@ def with_ceiling(findings: Sequence[Finding], ceiling: float | None) -> list[Fin
         lo, hi = f.predicted_range or (point, point)
         out.append(replace(f, predicted_range=(max(1.0, min(lo, ceiling)), hi)))
     return out
+
+
+def capped_at(f: Finding, cap: float, step: int) -> Finding:
+    """``f`` promising at most ``cap`` (the job's step now over its step before the change at
+    ``step``), its range and its fixes' speed-ups no higher; the evidence keeps what the model
+    gave (``speedup_capped``)."""
+    point = f.predicted_speedup
+    if point is None or point <= cap:
+        return f
+    lo, hi = f.predicted_range or (point, point)
+    return replace(
+        f,
+        predicted_speedup=cap,
+        predicted_range=(min(lo, cap), min(hi, cap)),
+        fixes=tuple(
+            replace(x, speedup=cap) if x.speedup is not None and x.speedup > cap else x
+            for x in f.fixes
+        ),
+        evidence={
+            **f.evidence,
+            "speedup_capped": {"model": round(point, 3), "before_step": step},
+        },
+    )
