@@ -289,18 +289,23 @@ def test_peers_that_differ_as_much_among_themselves_hide_no_straggler() -> None:
     assert [f.ranks for f in compute_straggler.RULE(pair)] == [(1,)]
 
 
-def test_own_work_with_an_object_gather_reaches_up_to_the_gather_gone() -> None:
+def test_own_work_with_an_object_gather_predicts_the_gather_gone() -> None:
     """Rank 1's extra work is its own code and every rank pays an object gather each step (a
-    metrics gather in the loop): removing the code may remove the gather too, so the range's
-    high end is the barrier model with the gather's floor gone; the point stays without it."""
+    metrics gather in the loop): taking it off the step removes the gather too, so the
+    prediction is the barrier model with the gather's floor gone; the range's low end is the
+    rank's own code gone alone."""
     snap = other_work_snapshot(2, 1)
     for r in (0, 1):
         snap = collective_ops(snap, r, {"ddp_allreduce": 1, "all_gather_object": 1})
     f = _only(compute_straggler.RULE(snap))
     assert f.ranks == (1,) and f.predicted_speedup is not None and f.predicted_range is not None
     lo, hi = f.predicted_range
-    assert lo == f.predicted_speedup < hi
+    assert lo < f.predicted_speedup == hi
     assert hi == pytest.approx(f.evidence["speedup_if_object_collectives_go"], abs=1e-3)
+    assert all(x.speedup == hi for x in f.fixes)
+    # The low end: rank 1's own work brought to rank 0's, the gather kept.
+    plain = _only(compute_straggler.RULE(other_work_snapshot(2, 1)))
+    assert lo == pytest.approx(plain.predicted_speedup, rel=0.02)
     # The floor is the least wait (rank 1's, ~1 ms); half of it is the gather, on every rank.
     local = f.evidence["local_ms"]
     floor = min(f.evidence["collective_wait_ms"].values())
