@@ -16,14 +16,21 @@ Timed, each as the service runs it:
   running-job discovery, snapshot rebuilding and every rule; and the same in its two halves
   (``rebuild_s``, ``rules_s``).
 
-Goal: at most 0.2 s of decoding and 0.2 s of analysis for 4,096 ranks over a 60 s window (both
-gated: ``goal_met``). Growth with ranks is reported as microseconds per rank at each size (flat =
-linear).
+Goals: at most 0.2 s of decoding and 0.2 s of analysis for 4,096 ranks over a 60 s window (both
+gated: ``goal_met``), and at most 1 s of the two together for 16,384 ranks (``goal_16384_met``,
+where that size is measured). Growth with ranks is reported as microseconds per rank at each size
+(flat = linear).
+
+The timed evaluations are the service's steady state: the labels of the answers, and what the
+rebuild derives from them alone (the ranks' identities, the GPUs' labels), are kept from one
+evaluation to the next while they do not change. The first evaluation of each size, with nothing
+kept, is reported apart (``first_s``: decoding and analysis together).
 
 Memory per evaluation (``memory``): one more evaluation, untimed, from a cold start (the client's
-label cache emptied) under :mod:`tracemalloc`: the peak it allocated (``peak_mb``: the answers,
-the snapshot, the rules' working set), and what it left held once its answers and results were
-dropped (``retained_mb``: the label cache, kept for the next evaluation).
+label cache and the rebuild's kept identities emptied) under :mod:`tracemalloc`: the peak it
+allocated (``peak_mb``: the answers, the snapshot, the rules' working set), and what it left held
+once its answers and results were dropped (``retained_mb``: what is kept for the next
+evaluation).
 
     python bench/serve_scale.py [--ranks 64,256,1024,2048,4096,8192] [--scrape 15] [--repeats 5]
     python bench/serve_scale.py --against c91237e [--rounds 3] [--ranks 16384]  # with a commit
@@ -57,12 +64,15 @@ import _common as c
 sys.path.insert(0, c.REPO)
 
 from auditor.metrics.query import PrometheusClient
+from auditor.service import promsnapshot
 from auditor.service.promsnapshot import build_snapshots, queries
 from auditor.service.service import AuditService, analyse_answers, judge, no_cyclic_gc
 from tests.helpers.servejob import JOB, WINDOW_S, answers, as_prometheus_json
 
 GOAL_S = 0.2
 GOAL_RANKS = 4096
+# Decoding and analysis together, at the largest size.
+GOAL_16384_S = 1.0
 
 
 class _Body:
@@ -96,6 +106,7 @@ def measure(ranks: int, scrape_s: float, repeats: int, *, memory: bool = False) 
     now = 1_800_000_000.0
     raw = as_prometheus_json(answers(ranks, scrape_s=scrape_s, now=now))
     service = AuditService(fake_prometheus(raw), window_s=WINDOW_S, clock=lambda: now)
+    promsnapshot.forget()  # nothing kept from another size
     analysis: list[float] = []
     decoding: list[float] = []
     rebuild: list[float] = []
@@ -138,6 +149,10 @@ def measure(ranks: int, scrape_s: float, repeats: int, *, memory: bool = False) 
         "rules_s": c.summary(rules),
         "decode_s": c.summary(decoding),
         "decode_per_rank_us": round(statistics.median(decoding) / ranks * 1e6, 2),
+        "total_s": round(statistics.median(decoding) + median, 4),
+        "total_per_rank_us": round((statistics.median(decoding) + median) / ranks * 1e6, 2),
+        # The first evaluation: nothing kept from an earlier one.
+        "first_s": round(decoding[0] + analysis[0], 4),
         "answer_bytes": sum(len(b) for b in raw.values()),
         "findings": [f"{k} rank {r}" for k, r in found],
         "memory": held,
@@ -149,6 +164,7 @@ def _memory(service: AuditService, now: float) -> dict[str, float]:
     numpy's buffers included: the peak it allocated, and what it left held once its answers and
     results were dropped (the label cache), in MB."""
     service.client.labels.clear()
+    promsnapshot.forget()
     tracemalloc.start()
     try:
         with no_cyclic_gc():
@@ -164,8 +180,13 @@ def _memory(service: AuditService, now: float) -> dict[str, float]:
 def _arm(tree: str, ranks: int, repeats: int) -> dict[str, float]:
     """One round of one arm: ``tree``'s own benchmark in a fresh interpreter, its medians."""
     code = (
-        "import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/bench'];"
-        "import serve_scale as s; r = s.measure(int(sys.argv[2]), 15.0, int(sys.argv[3]));"
+        "import json, os, sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/bench'];"
+        "import serve_scale as s, auditor;"
+        # Each arm times its own tree's code, not an installed (editable) copy of another.
+        "here = os.path.realpath(sys.argv[1]) + os.sep;"
+        "assert all(os.path.realpath(m.__file__).startswith(here) for m in (s, auditor)),"
+        " (s.__file__, auditor.__file__);"
+        "r = s.measure(int(sys.argv[2]), 15.0, int(sys.argv[3]));"
         "print(json.dumps({k: r[k + '_s']['median'] for k in "
         "('analysis', 'rebuild', 'rules', 'decode')}))"
     )
@@ -199,9 +220,12 @@ def against(rev: str, rounds: int, repeats: int, ranks: int = GOAL_RANKS) -> int
             subprocess.run(
                 ["git", "-C", here, "worktree", "remove", "--force", base], capture_output=True
             )
+    for arm in arms.values():
+        for r in arm:
+            r["total"] = r["decode"] + r["analysis"]
     ratios = {
         k: c.summary([t[k] / b[k] for t, b in zip(arms["this"], arms["base"], strict=True)])
-        for k in ("analysis", "rebuild", "rules", "decode")
+        for k in ("analysis", "rebuild", "rules", "decode", "total")
     }
     path = c.write_result(
         "serve_scale_against",
@@ -244,6 +268,8 @@ def main() -> int:
                 f"rules {row['rules_s']['median']:.3f} s)  "
                 f"decode {row['decode_s']['median']:.3f} s "
                 f"({row['decode_per_rank_us']:.0f} us/rank)  "
+                f"total {row['total_s']:.3f} s ({row['total_per_rank_us']:.0f} us/rank; "
+                f"first {row['first_s']:.3f} s)  "
                 f"memory peak {row['memory']['peak_mb']:.0f} MB "
                 f"(retained {row['memory']['retained_mb']:.0f} MB)  findings {row['findings']}",
                 flush=True,
@@ -252,6 +278,8 @@ def main() -> int:
     worst = max((r["analysis_s"]["median"] for r in at_goal), default=None)
     worst_decode = max((r["decode_s"]["median"] for r in at_goal), default=None)
     met = worst is not None and worst_decode is not None and max(worst, worst_decode) <= GOAL_S
+    at_16384 = [r["total_s"] for r in rows if r["ranks"] == 16384]
+    met_16384 = max(at_16384) <= GOAL_16384_S if at_16384 else None
     path = c.write_result(
         "serve_scale",
         {
@@ -263,9 +291,15 @@ def main() -> int:
             "worst_4096_s": worst,
             "worst_4096_decode_s": worst_decode,
             "goal_met": met,
+            "goal_16384": f"decoding and analysis of 16384 ranks <= {GOAL_16384_S} s together",
+            "worst_16384_total_s": max(at_16384) if at_16384 else None,
+            "goal_16384_met": met_16384,
         },
     )
-    print(f"wrote {c.shown(path)}; goal {'met' if met else 'NOT met'}")
+    print(
+        f"wrote {c.shown(path)}; goal {'met' if met else 'NOT met'}"
+        + ("" if met_16384 is None else f"; 16384-rank goal {'met' if met_16384 else 'NOT met'}")
+    )
     return 0
 
 

@@ -266,7 +266,10 @@ WEIGHT_CAP = 5.0
 
 
 def _wmed(steps: Sequence[Any], field: str, cap: float) -> float | None:
-    """The duration-weighted median of ``field`` over step samples (or rounds of them)."""
+    """The duration-weighted median of ``field`` over step samples (or rounds of them); None
+    where none has it."""
+    if not steps:
+        return None
     if len(steps) == 1:  # one (possibly aggregated) sample: its value is the median
         value = getattr(steps[0], field)
         return None if value is None else float(value)
@@ -475,17 +478,26 @@ def rank_stats_from_columns(
     """
     count = len(rank)
     stepped = [n > 0 for n in steps]
+    # The usual window: every rank stepped, and was sampled; the columns are then taken whole
+    # (built in C), not rank by rank.
+    all_stepped, all_sampled = all(stepped), all(cpu_sampled)
 
     def stepping(values: Sequence[Any], otherwise: Any) -> list[Any]:
         """A statistic over the window's steps: ``otherwise`` for a rank with none."""
+        if all_stepped and len(values) == count:
+            return list(values)
         return [v if ok else otherwise for v, ok in zip(values, stepped, strict=True)]
 
     def stepping_floats(values: Sequence[float | None]) -> list[float | None]:
+        if all_stepped and len(values) == count and None not in values:
+            return list(map(float, values))  # type: ignore[arg-type]
         return [
             None if not ok or v is None else float(v) for v, ok in zip(values, stepped, strict=True)
         ]
 
     def sampled(values: Sequence[Any], otherwise: Any) -> list[Any]:
+        if all_sampled and len(values) == count:
+            return list(values)
         return [v if ok else otherwise for v, ok in zip(values, cpu_sampled, strict=True)]
 
     nones: list[Any] = [None] * count
@@ -538,13 +550,15 @@ def rank_stats_from_columns(
                 r if ok and n else None
                 for r, n, ok in zip(worker_rss_bytes, workers, cpu_sampled, strict=True)
             ],
-            "main_rss_bytes": [
+            "main_rss_bytes": list(map(float, main_rss_bytes))  # type: ignore[arg-type]
+            if all_sampled and len(main_rss_bytes) == count and None not in main_rss_bytes
+            else [
                 None if not ok or r is None else float(r)
                 for r, ok in zip(main_rss_bytes, cpu_sampled, strict=True)
             ],
-            "micro_batches": [
-                float(m) if ok else 1.0 for m, ok in zip(micro_batches, stepped, strict=True)
-            ],
+            "micro_batches": list(map(float, micro_batches))
+            if all_stepped and len(micro_batches) == count
+            else [float(m) if ok else 1.0 for m, ok in zip(micro_batches, stepped, strict=True)],
             "local_s": list(map(local_time, step_f, wait_f)),
         },
     )

@@ -19,27 +19,33 @@ its budget (``bench/serve_scale.py``).
   reason (share of samples; the largest stands for "any reason", a lower bound).
 
 Pure: no I/O and no clock (the caller says what "now" is), so it is tested with hand-written
-answers and benchmarked at 4,096 ranks without a Prometheus server.
+answers and benchmarked at 4,096 ranks without a Prometheus server. What depends on labels
+alone (the ranks and their order, each rank's :class:`RankInfo`, the GPUs' labels and owners)
+is kept from one evaluation to the next while the client hands the same label tuples and the
+few values it also reads (configured workers, which GPUs answered) are the same: a job's
+identity does not change between evaluations, its figures do (:func:`forget` drops it).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, repeat
-from operator import is_not, itemgetter, methodcaller
+from operator import attrgetter, is_not, itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from auditor.analysis.devices import IDLE_REASONS, DeviceStats
 from auditor.analysis.frozen import from_columns
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import RankStats, rank_stats_from_columns
 from auditor.metrics import catalog as C
+from auditor.metrics.query import Vector
 from auditor.samples import PHASES, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
 
 from .columns import (
@@ -108,45 +114,26 @@ def build_snapshots(
     statistics the rules read come with each snapshot (``precomputed_stats``), built from the
     same columns by :func:`~auditor.analysis.stats.rank_stats_from_columns`.
     """
-    wanted = None if jobs is None else set(jobs)
-    rank_info = as_vector(answers.get("rank_info"))
-    steps = as_vector(answers.get("steps"))
-    loader_info = as_vector(answers.get("loader_info"))
-
-    # The ranks: every (job, rank) with an identity or a step count, in the jobs asked for.
-    infos: dict[Any, Mapping[str, str]] = {
-        key: labels
-        for key, labels in zip(RANK.all(rank_info), rank_info.labels, strict=True)
-        if key[0] and (wanted is None or key[0] in wanted)
-    }
-    counted = [
-        key
-        for key, n in zip(RANK.all(steps), steps.values.tolist(), strict=True)
-        if n == n and (wanted is None or key[0] in wanted)
-    ]
-    keys = list(dict.fromkeys([*infos, *counted]))
-    ranked = sorted(
-        (key[0], number, key)
-        for key, number in zip(keys, _ints([key[1] for key in keys]), strict=True)
-        if number is not None
+    wanted = None if jobs is None else frozenset(jobs)
+    layout = _rank_layout(
+        as_vector(answers.get("rank_info")), as_vector(answers.get("steps")), wanted
     )
-    index = {key: i for i, (_, _, key) in enumerate(ranked)}
-    by_rank = Columns(index, RANK)
+    by_rank = layout.columns
 
     def col(name: str) -> Column:
         return by_rank.column(as_vector(answers.get(name)))
 
-    gpus = gpu_stats(answers, wanted)
-    # The GPUs whose series name a rank, in index order: their indexes and UUIDs.
-    owned = _owned(gpus)
-    loaders = dict(zip(RANK.all(loader_info), loader_info.labels, strict=True))
-    info_of = _rank_infos(ranked, infos, loaders, owned, optional(col("config_workers")))
-    views, stats = _ranks(info_of, now, col)
+    gpus, owned = _gpus_and_owners(answers, wanted)
+    identity = _identities(
+        layout,
+        as_vector(answers.get("loader_info")),
+        owned,
+        col("config_workers"),
+    )
+    views, stats = _ranks(identity, layout.numbers, now, col)
 
     # Sorted by job: each job's ranks are one slice of the columns.
-    jobs = [job for job, _, _ in ranked]
-    numbers = [rank for _, rank, _ in ranked]
-    hosts = [info.host for info in info_of]
+    jobs, numbers, hosts = layout.jobs, layout.numbers, identity.hosts
     nodes = _nodes(answers, now)
     out: dict[str, Snapshot] = {}
     for job in dict.fromkeys(jobs):
@@ -158,14 +145,110 @@ def build_snapshots(
             end=now,
             ranks=tuple(views[first:end]),
             nodes=_job_nodes(nodes, job, hosts_of),
-            gpus=tuple(
-                g
-                for g, gjob, _ in gpus.values()
-                if gjob == job or (not gjob and g.node in hosts_of)
-            ),
+            gpus=gpus.of(job, hosts_of),
             precomputed_stats=dict(zip(numbers[first:end], stats[first:end], strict=True)),
         )
     return out
+
+
+@dataclass(frozen=True, eq=False)  # kept ones compare by identity
+class _RankLayout:
+    """The ranks of an evaluation, in index order: by job, then rank number (``keys``: their
+    ``(job, rank label)`` keys, ``infos``: their ``auditor_rank_info`` labels by key), and the
+    answers' columns over them."""
+
+    keys: list[Any]
+    jobs: list[str]
+    numbers: list[int]
+    infos: dict[Any, Mapping[str, str]]
+    columns: Columns
+
+
+def _rank_layout(rank_info: Vector, steps: Vector, wanted: frozenset[str] | None) -> _RankLayout:
+    """The ranks: every (job, rank) with an identity or a step count, in the jobs asked for.
+    The same from one evaluation to the next while the answers list the same series (the
+    client's shared labels) and the same ranks counted steps: kept (:data:`_LAST`)."""
+    counted = ~np.isnan(steps.values)
+    inputs = (rank_info.labels, steps.labels, wanted, counted)
+    kept = _LAST.get("ranks", inputs)
+    if kept is not None:
+        return kept
+    infos: dict[Any, Mapping[str, str]] = {
+        key: labels
+        for key, labels in zip(RANK.all(rank_info), rank_info.labels, strict=True)
+        if key[0] and (wanted is None or key[0] in wanted)
+    }
+    stepped = list(compress(RANK.all(steps), counted.tolist()))
+    keys = list(dict.fromkeys([*infos, *(k for k in stepped if wanted is None or k[0] in wanted)]))
+    ranked = sorted(
+        (key[0], number, key)
+        for key, number in zip(keys, _ints([key[1] for key in keys]), strict=True)
+        if number is not None
+    )
+    index = {key: i for i, (_, _, key) in enumerate(ranked)}
+    layout = _RankLayout(
+        keys=[key for _, _, key in ranked],
+        jobs=[job for job, _, _ in ranked],
+        numbers=[rank for _, rank, _ in ranked],
+        infos=infos,
+        columns=Columns(index, RANK),
+    )
+    _LAST.keep("ranks", inputs, layout)
+    return layout
+
+
+class _Last:
+    """The last result of each part of the rebuild that depends on labels alone, with its
+    inputs: reused while they are the same. Label lists count as the same when they are the
+    same (immutable) tuple, which the client hands out for an unchanged shape of answer
+    (:class:`~auditor.metrics.promvector.LabelCache`), from one evaluation to the next; lists
+    (hand-written answers) never do. Everything else is compared by value (arrays with their
+    NaNs)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[tuple[Any, ...], Any]] = {}
+
+    def get(self, part: str, inputs: tuple[Any, ...]) -> Any:
+        kept = self._kept.get(part)
+        if kept is None or not all(map(_same, kept[0], inputs)):
+            return None
+        return kept[1]
+
+    def keep(self, part: str, inputs: tuple[Any, ...], result: Any) -> None:
+        if all(type(x) is tuple for x in inputs if _is_labels(x)):
+            self._kept[part] = (inputs, result)
+        else:
+            self._kept.pop(part, None)
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _is_labels(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], Mapping)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if _is_labels(a) or _is_labels(b):
+        return a is b and type(a) is tuple
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        )
+    return type(a) is type(b) and bool(a == b)
+
+
+# One per process: the service's evaluations follow one another (a result is never changed
+# once made, so sharing it with the next evaluation's snapshots is safe).
+_LAST = _Last()
+
+
+def forget() -> None:
+    """Drop what the rebuild kept from the last evaluation (the next one starts cold)."""
+    _LAST.clear()
 
 
 def _owned(
@@ -225,13 +308,13 @@ def _int_or_0(text: str | None) -> int:
 
 
 def _loaders(
-    ranked: Sequence[tuple[str, int, Any]],
+    keys: Sequence[Any],
     loaders: Mapping[Any, Mapping[str, str]],
     config_workers: Sequence[float | None],
 ) -> list[LoaderConfig | None]:
     """Each rank's DataLoader settings (None where no configured worker count was exported);
     ranks with the same settings share one (frozen) object."""
-    labels = [loaders.get(key, _NO_LABELS) for _, _, key in ranked]
+    labels = list(map(loaders.get, keys, repeat(_NO_LABELS)))
     keys = list(
         zip(
             config_workers,
@@ -261,38 +344,73 @@ def _loaders(
 _NO_LABELS: Mapping[str, str] = {}
 
 
+@dataclass(frozen=True, eq=False)
+class _Identities:
+    """Each rank's :class:`RankInfo` in index order, and the fields the statistics take from
+    it as columns."""
+
+    infos: list[RankInfo]
+    hosts: list[str]
+    devices: list[str]
+    loaders: list[LoaderConfig | None]
+
+
+def _identities(
+    layout: _RankLayout,
+    loader_info: Vector,
+    owned: Mapping[Any, tuple[tuple[int, ...], tuple[str, ...]]],
+    config_workers: Column,
+) -> _Identities:
+    """:func:`_rank_infos`: kept while its inputs are the same (the ranks, their labels, the
+    GPUs they own and their configured workers, which change when a job restarts, not from one
+    evaluation to the next)."""
+    inputs = (layout, loader_info.labels, owned, config_workers)
+    kept = _LAST.get("identities", inputs)
+    if kept is not None:
+        return kept
+    loaders = dict(zip(RANK.all(loader_info), loader_info.labels, strict=True))
+    infos = _rank_infos(layout, loaders, owned, optional(config_workers))
+    found = _Identities(
+        infos=infos,
+        hosts=list(map(attrgetter("host"), infos)),
+        devices=list(map(attrgetter("device"), infos)),
+        loaders=list(map(attrgetter("loader"), infos)),
+    )
+    _LAST.keep("identities", inputs, found)
+    return found
+
+
 def _rank_infos(
-    ranked: Sequence[tuple[str, int, Any]],
-    infos: Mapping[Any, Mapping[str, str]],
+    layout: _RankLayout,
     loaders: Mapping[Any, Mapping[str, str]],
     owned: Mapping[Any, tuple[tuple[int, ...], tuple[str, ...]]],
     config_workers: Sequence[float | None],
 ) -> list[RankInfo]:
     """Each rank's identity, from its ``auditor_rank_info`` and dataloader labels and the GPUs
     whose series name it (``owned``: their indexes and UUIDs by rank key)."""
-    n = len(ranked)
-    keys = [key for _, _, key in ranked]
-    labels = list(map(infos.get, keys, [_NO_LABELS] * n))
+    keys = layout.keys
+    n = len(keys)
+    labels = list(map(layout.infos.get, keys, repeat(_NO_LABELS)))
 
     def label(name: str, default: str) -> list[str]:
         return list(map(methodcaller("get", name, default), labels))
 
-    devices = list(map(owned.get, keys, [((), ())] * n))
+    devices = list(map(owned.get, keys, repeat(((), ()))))
     return from_columns(
         RankInfo,
         {
-            "rank": [rank for _, rank, _ in ranked],
+            "rank": layout.numbers,
             "world_size": list(map(_int_or_0, label("world_size", ""))),
             "local_rank": list(map(_int_or_0, label("local_rank", ""))),
             "host": label("node", ""),
             "pid": [0] * n,
             "device": label("device", "cpu"),
             "parallel_mode": label("parallel_mode", "none"),
-            "devices": [d[0] for d in devices],
-            "device_uuids": [d[1] for d in devices],
-            "loader": _loaders(ranked, loaders, config_workers),
+            "devices": list(map(itemgetter(0), devices)),
+            "device_uuids": list(map(itemgetter(1), devices)),
+            "loader": _loaders(keys, loaders, config_workers),
             "unmeasured": [()] * n,
-            "job": [job for job, _, _ in ranked],
+            "job": layout.jobs,
             "off_thread_collectives": [0] * n,
             "key": [None] * n,
         },
@@ -300,7 +418,7 @@ def _rank_infos(
 
 
 def _ranks(
-    infos: Sequence[RankInfo], now: float, col: Callable[[str], Column]
+    identity: _Identities, ranks: list[int], now: float, col: Callable[[str], Column]
 ) -> tuple[list[RankView], list[RankStats]]:
     """Each rank's view (its mean step over the window, its CPU) and the statistics the rules
     read, which :func:`auditor.analysis.stats.rank_stats` would reduce that view to, built from
@@ -309,10 +427,10 @@ def _ranks(
     A rank's mean step: ``n`` steps took ``dt`` seconds; no step sample where none finished in
     the window. Its CPU: a rank with any CPU series was seen by a node agent.
     """
-    count = len(infos)
+    count = len(ranks)
     n = col("steps")
     dt = col("step_seconds")
-    stepped = ((n > 0) & (dt > 0)).tolist()  # NaN compares False: no step
+    stepping = (n > 0) & (dt > 0)  # NaN compares False: no step
     phase = {p: col(sub_key("phase_seconds", p)) for p in PHASES}
     with np.errstate(divide="ignore", invalid="ignore"):
         step_s = (dt / n).tolist()
@@ -329,12 +447,12 @@ def _ranks(
     steps_in = rounded(np.fmax(n, 1.0), 1)  # at least 1 (NaN: 1)
     rss, allocated, peak = (optional_ints(col(sub_key("memory", k))) for k in MEMORY_KINDS)
     main_col, total_col = (col(sub_key("cpu", p)) for p in C.CPU_PROCESSES)
-    seen = (~np.isnan(main_col) | ~np.isnan(total_col)).tolist()
+    sampled = ~np.isnan(main_col) | ~np.isnan(total_col)
+    seen = sampled.tolist()
     main, total = optional(main_col), optional(total_col)
     workers = rounded(col("workers"), 0)
     # The endpoint exports the workers' sum; the rules read the sum and the count.
-    each = [() if not w or t is None else (t / w,) * w for w, t in zip(workers, total, strict=True)]
-    ranks = [info.rank for info in infos]
+    each = _per_worker(workers, total_col, total)
     nones = [None] * count
     at = [now] * count
 
@@ -377,9 +495,9 @@ def _ranks(
     views = from_columns(
         RankView,
         {
-            "info": infos,
-            "steps": [(s,) if ok else () for s, ok in zip(samples, stepped, strict=True)],
-            "cpu": [(c,) if ok else () for c, ok in zip(cpus, seen, strict=True)],
+            "info": identity.infos,
+            "steps": _ones(samples, stepping),
+            "cpu": _ones(cpus, sampled),
             "ended": (col("rank_up") == 0).tolist(),
             "memory": nones,
         },
@@ -387,11 +505,11 @@ def _ranks(
 
     stats = rank_stats_from_columns(
         rank=ranks,
-        host=[info.host for info in infos],
-        device=[info.device for info in infos],
-        loader=[info.loader for info in infos],
+        host=identity.hosts,
+        device=identity.devices,
+        loader=identity.loaders,
         # A rank with no step sample took no step (the rest of its step figures are moot).
-        steps=[k if ok else 0 for k, ok in zip(steps_in, stepped, strict=True)],
+        steps=rounded(np.where(stepping, np.fmax(n, 1.0), 0.0), 1),
         step_s=step_s,
         data_wait_s=data,
         h2d_s=h2d,
@@ -406,13 +524,35 @@ def _ranks(
         mem_peak_bytes=peak,
         cpu_sampled=seen,
         main_cpu=main,
-        worker_cpu=[sum(e) for e in each],
-        workers=[len(e) for e in each],
+        worker_cpu=list(map(sum, each)),
+        workers=list(map(len, each)),
         main_rss_bytes=rss,
         # No pace given: per-step figures are window means (total / steps), the pace of a
         # loader with workers too.
     )
     return views, stats
+
+
+def _ones(objects: list[Any], present: npt.NDArray[np.bool_]) -> list[tuple[Any, ...]]:
+    """Each object alone in a tuple where ``present``, else an empty tuple."""
+    if present.all():
+        return list(zip(objects))  # 1-tuples, built in C
+    return [(x,) if ok else () for x, ok in zip(objects, present.tolist(), strict=True)]
+
+
+def _per_worker(
+    workers: list[int], total: Column, totals: list[float | None]
+) -> list[tuple[float, ...]]:
+    """Each rank's CPU per DataLoader worker, once per worker (``total / workers``): none
+    where it has no workers or no CPU figure (``totals``: ``total`` with None for NaN)."""
+    count = workers[0] if workers else 0
+    if count > 0 and workers.count(count) == len(workers) and None not in totals:
+        # The usual job: as many workers on every rank (the same tuples, built in C).
+        each = (total / count).tolist()
+        return list(zip(*([each] * count), strict=True))
+    return [
+        () if not w or t is None else (t / w,) * w for w, t in zip(workers, totals, strict=True)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,14 +591,55 @@ def _job_nodes(
     return tuple(n for n in found if n is not None)
 
 
+@dataclass(frozen=True, eq=False)
+class _Gpus:
+    """Every GPU of an evaluation (:func:`gpu_stats`) as columns: its figures, owning job
+    (and rank) and node."""
+
+    found: dict[str, tuple[DeviceStats, str, str]]
+
+    def of(self, job: str, hosts: Collection[str]) -> tuple[DeviceStats, ...]:
+        """A job's GPUs: those it owns, and those no job owns on its hosts."""
+        found = self.found.values()
+        jobs = set(map(itemgetter(1), found))
+        if jobs == {job}:  # the usual answer: every GPU is the job's
+            return tuple(map(itemgetter(0), found))
+        return tuple(g for g, gjob, _ in found if gjob == job or (not gjob and g.node in hosts))
+
+
+def _gpus_and_owners(
+    answers: Answers, wanted: Collection[str] | None
+) -> tuple[_Gpus, dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]]]:
+    """:func:`gpu_stats`, and the GPUs each rank owns by its labels (:func:`_owned`): kept
+    while the same GPUs answered with the same labels (:data:`_LAST`)."""
+    found, used = _all_gpus(answers, wanted)
+    # The owners depend on the GPUs' labels (their identities, kept: the same objects while
+    # the labels are) and on which GPUs answered.
+    inputs = (used, tuple(found))
+    owned = _LAST.get("owned", inputs)
+    if owned is None:
+        owned = _owned(found)
+        if all(u.kept for u in used):
+            _LAST.keep("owned", inputs, owned)
+    return _Gpus(found), owned
+
+
 def gpu_stats(
-    answers: Answers, wanted: set[str] | None = None
+    answers: Answers, wanted: Collection[str] | None = None
 ) -> dict[str, tuple[DeviceStats, str, str]]:
     """Every GPU that answered in the window (see :func:`_gpu_stats`), from the auditor's own
     monitors and from dcgm-exporter (answers prefixed :data:`~.promqueries.DCGM`): a GPU both
     export is read from the monitors. dcgm-exporter's GPUs take their job, rank and node from the
     rank that reported using them (``auditor_gpu_owner_info``, joined by UUID)."""
-    out = _gpu_stats(answers, wanted)
+    return _all_gpus(answers, wanted)[0]
+
+
+def _all_gpus(
+    answers: Answers, wanted: Collection[str] | None
+) -> tuple[dict[str, tuple[DeviceStats, str, str]], tuple[_GpuIdentity, ...]]:
+    """:func:`gpu_stats`, and the identities of each source's GPUs it read."""
+    out, monitors = _gpu_stats(answers, wanted)
+    used: tuple[_GpuIdentity, ...] = (monitors,)
     if as_vector(answers.get(DCGM + "gpu_up")).labels:
         owners: dict[str, Mapping[str, str]] = {}
         for series in as_vector(answers.get(DCGM + "gpu_owner")).labels:
@@ -467,49 +648,32 @@ def gpu_stats(
             # Two ranks naming one GPU: the lowest rank owns it, as the node agent decides.
             if uuid and (had is None or _int_or_0(series.get("rank")) < _int_or_0(had.get("rank"))):
                 owners[uuid] = series
-        for uuid, found in _gpu_stats(answers, wanted, prefix=DCGM, owners=owners).items():
+        dcgm, exporter = _gpu_stats(answers, wanted, prefix=DCGM, owners=owners)
+        used += (exporter,)
+        for uuid, found in dcgm.items():
             out.setdefault(uuid, found)
-    return out
+    return out, used
 
 
 def _gpu_stats(
     answers: Answers,
-    wanted: set[str] | None = None,
+    wanted: Collection[str] | None = None,
     *,
     prefix: str = "",
     owners: Mapping[str, Mapping[str, str]] | None = None,
-) -> dict[str, tuple[DeviceStats, str, str]]:
-    """Every GPU that answered in the window: its figures, owning job and rank ("" if none);
-    with ``wanted``, only the GPUs of those jobs and the GPUs no job owns. ``prefix``: whose
-    answers (:data:`~.promqueries.DCGM`: dcgm-exporter's); ``owners``: the owning rank's labels
-    (job, rank, node) by UUID, for a source whose series do not carry them.
+) -> tuple[dict[str, tuple[DeviceStats, str, str]], _GpuIdentity]:
+    """Every GPU that answered in the window: its figures, owning job and rank ("" if none),
+    and the identity of the GPUs read (:func:`_gpu_identity`); with ``wanted``, only the GPUs
+    of those jobs and the GPUs no job owns. ``prefix``: whose answers
+    (:data:`~.promqueries.DCGM`: dcgm-exporter's); ``owners``: the owning rank's labels (job,
+    rank, node) by UUID, for a source whose series do not carry them.
 
     A GPU whose monitor never answered (``sum_over_time(auditor_gpu_up)`` 0) is left out: a
     missing GPU must not read as an idle one.
     """
-    identity: dict[str, Mapping[str, str]] = {}
     up = as_vector(answers.get(prefix + "gpu_up"))
-    uuids = GPU.all(up)
-    if not owners and "" not in uuids and len(set(uuids)) == len(uuids):
-        # The usual answer: a series per GPU, nothing to join (built in C).
-        identity.update(zip(uuids, up.labels, strict=True))
-    for series in () if identity else up.labels:
-        uuid = series.get("uuid", "")
-        owner = (owners or {}).get(uuid)
-        if owner is not None and not series.get(C.JOB_LABEL):
-            series = {**series, **owner}
-        # A GPU that changed owner in the window has a series per owner; an owner beats none.
-        if uuid and (uuid not in identity or series.get(C.JOB_LABEL)):
-            identity[uuid] = series
-    if wanted is not None:
-        identity = {
-            u: x
-            for u, x in identity.items()
-            if x.get(C.JOB_LABEL, "") in wanted or not x.get(C.JOB_LABEL)
-        }
-    index = {uuid: i for i, uuid in enumerate(identity)}
-    # One column over the GPUs per figure (None where Prometheus had none).
-    by_gpu = Columns(index, GPU)
+    known = _gpu_identity(up, wanted, owners)
+    identity, by_gpu = known.labels, known.columns
     v = {key: by_gpu.column(as_vector(answers.get(prefix + key))) for key in GPU_FIGURES}
     clock_max = v["gpu_sm_clock_max"]
     peak = as_vector(answers.get(prefix + "gpu_sm_clock_peak"))
@@ -518,7 +682,7 @@ def _gpu_stats(
         # same model reached in the last hour stands for it, so a GPU clocked below its peers'
         # still reads low.
         top = dict(zip(peak.label(MODEL), peak.values.tolist(), strict=True))
-        models = [x.get("model", "") for x in identity.values()]
+        models = known.models
         fill = np.array([top.get(m, np.nan) for m in models], dtype=np.float64) * _MHZ
         clock_max = np.where(np.isnan(clock_max), fill, clock_max)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -563,37 +727,105 @@ def _gpu_stats(
         if value == value:
             throttle[labels.get("uuid", "")][labels.get("reason", "other")] = value
     # GPUs whose driver reports reasons at all: the others' throttle share is unknown, not 0.
-    read = set(as_vector(answers.get(prefix + "gpu_throttle_read")).label("uuid"))
-    share: dict[str, float] = {}
+    at = by_gpu.rows(as_vector(answers.get(prefix + "gpu_throttle_read")))
+    read = np.zeros(len(identity), dtype=bool)
+    read[at[at >= 0]] = True
+    share = np.where(read, 0.0, np.nan)
     ordered: dict[str, tuple[str, ...]] = {}
     for uuid, mine in throttle.items():
+        i = by_gpu.index.get(uuid)
+        if i is None:
+            continue
         reasons = {r: x for r, x in mine.items() if r not in IDLE_REASONS}
-        share[uuid] = max(reasons.values(), default=0.0)
+        if read[i]:
+            share[i] = max(reasons.values(), default=0.0)
         ordered[uuid] = tuple(
             sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r])
         )
 
-    uuids = list(identity)
+    uuids = known.uuids
+    count = len(uuids)
+    figures |= {
+        "uuid": uuids,
+        "node": known.nodes,
+        "index": known.indexes,
+        "model": known.models,
+        "throttle_share": optional(share),
+        "throttle_reasons": [ordered.get(u, ()) for u in uuids] if ordered else [()] * count,
+        "process_count": [0] * count,  # no rule reads it; the dashboards have auditor_gpu_processes
+        "processes": [()] * count,
+    }
+    jobs, ranks = known.jobs, known.ranks
+    samples = v["gpu_samples"]
+    answered = np.isfinite(samples) & (samples > 0.5)  # "samples" (rounded) at least 1
+    if not answered.all():
+        keep = answered.tolist()
+        figures = {k: list(compress(v, keep)) for k, v in figures.items()}
+        uuids, jobs, ranks = (list(compress(v, keep)) for v in (uuids, jobs, ranks))
+    stats = from_columns(DeviceStats, figures)
+    return dict(zip(uuids, zip(stats, jobs, ranks, strict=True), strict=True)), known
+
+
+@dataclass(frozen=True, eq=False)
+class _GpuIdentity:
+    """The GPUs that answered ``gpu_up`` (of the jobs wanted, and of none), in its order: their
+    labels by UUID, the answers' columns over them, and their labels as columns. ``kept``:
+    reusable by the next evaluation (its inputs were the client's shared labels)."""
+
+    labels: dict[str, Mapping[str, str]]
+    columns: Columns
+    uuids: list[str]
+    nodes: list[str]
+    indexes: list[int]
+    models: list[str]
+    jobs: list[str]
+    ranks: list[str]
+    kept: bool
+
+
+def _gpu_identity(
+    up: Vector, wanted: Collection[str] | None, owners: Mapping[str, Mapping[str, str]] | None
+) -> _GpuIdentity:
+    """The GPUs that answered ``gpu_up``, with their owner's labels where the source's series do
+    not carry them (``owners``); kept while the labels are the same (:data:`_LAST`)."""
+    inputs = (up.labels, wanted, owners or {})
+    kept = _LAST.get("gpus" if owners is None else "dcgm_gpus", inputs)
+    if kept is not None:
+        return kept
+    identity: dict[str, Mapping[str, str]] = {}
+    uuids = GPU.all(up)
+    if not owners and "" not in uuids and len(set(uuids)) == len(uuids):
+        # The usual answer: a series per GPU, nothing to join (built in C).
+        identity.update(zip(uuids, up.labels, strict=True))
+    for series in () if identity else up.labels:
+        uuid = series.get("uuid", "")
+        owner = (owners or {}).get(uuid)
+        if owner is not None and not series.get(C.JOB_LABEL):
+            series = {**series, **owner}
+        # A GPU that changed owner in the window has a series per owner; an owner beats none.
+        if uuid and (uuid not in identity or series.get(C.JOB_LABEL)):
+            identity[uuid] = series
+    if wanted is not None:
+        identity = {
+            u: x
+            for u, x in identity.items()
+            if x.get(C.JOB_LABEL, "") in wanted or not x.get(C.JOB_LABEL)
+        }
     identities = list(identity.values())
 
     def label(name: str) -> list[str]:
         return list(map(methodcaller("get", name, ""), identities))
 
-    count = len(uuids)
-    figures |= {
-        "uuid": uuids,
-        "node": label("node"),
-        "index": list(map(_int_or_0, label("gpu"))),
-        "model": label("model"),
-        "throttle_share": [share.get(u, 0.0) if u in read else None for u in uuids],
-        "throttle_reasons": [ordered.get(u, ()) for u in uuids],
-        "process_count": [0] * count,  # no rule reads it; the dashboards have auditor_gpu_processes
-        "processes": [()] * count,
-    }
-    jobs, ranks = label(C.JOB_LABEL), label("rank")
-    answered = [n > 0 for n in figures["samples"]]
-    if not all(answered):
-        figures = {k: list(compress(v, answered)) for k, v in figures.items()}
-        uuids, jobs, ranks = (list(compress(v, answered)) for v in (uuids, jobs, ranks))
-    stats = from_columns(DeviceStats, figures)
-    return dict(zip(uuids, zip(stats, jobs, ranks, strict=True), strict=True))
+    found = _GpuIdentity(
+        labels=identity,
+        columns=Columns({uuid: i for i, uuid in enumerate(identity)}, GPU),
+        uuids=list(identity),
+        nodes=label("node"),
+        indexes=list(map(_int_or_0, label("gpu"))),
+        models=label("model"),
+        jobs=label(C.JOB_LABEL),
+        ranks=label("rank"),
+        kept=type(up.labels) is tuple,
+    )
+    _LAST.keep("gpus" if owners is None else "dcgm_gpus", inputs, found)
+    return found

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from auditor.metrics.promvector import LabelCache, decode_vector
+from auditor.metrics.promvector import LabelCache, _first_byte, _numbers, decode_vector
 from auditor.metrics.query import PrometheusClient, PrometheusError
 from auditor.service.columns import RANK, Columns
 
@@ -145,6 +145,68 @@ def test_anything_else_is_left_to_the_general_decoder(payload: Any) -> None:
     for body in (compact(payload), spaced(payload)):
         body = body.replace(b'"ESCAPED"', b'"1\\u0030"')  # "10", escaped
         assert decode_vector(body) is None
+
+
+# Value strings around the edges of the fast reading: orjson's numbers (an integer, "-0",
+# exponents, more digits than a double holds, as long as the decoder's window and one longer)
+# and what it refuses, which numpy reads instead ("01", "1.", ".5": float() takes them).
+EDGES = [
+    "-0",
+    "-0.0",
+    "0.1",
+    "9007199254740993",
+    "18446744073709551616",
+    "1e5",
+    "1E-5",
+    "-2.5e+300",
+    "4.9e-324",
+    "0.30000000000000004",
+    "-1234567890.123456789012345678",  # 30 bytes
+    "1" * 31,
+    "2" * 32,
+    "3" * 33,
+]
+
+
+@pytest.mark.parametrize("encode", [compact, spaced])
+@pytest.mark.parametrize("odd", [None, "01", "1.", ".5", "NaN", "-Inf"])
+def test_edges_of_the_fast_reading(encode: Any, odd: str | None) -> None:
+    values = EDGES if odd is None else [*EDGES, odd]
+    body = encode(answer([series({"rank": str(i)}, v) for i, v in enumerate(values)]))
+    assert fast(body) == general(body)  # as bits: "-0" keeps its sign
+
+
+def test_first_byte_of_words() -> None:
+    words = [b'"abcdefg', b'a"bcdefg', b'abcdefg"', b"abcdefgh", b'ab""cdef', b"\0\0\0\0\0\0\0\0"]
+    found = _first_byte(np.array([int.from_bytes(w, "little") for w in words], np.uint64), ord('"'))
+    assert found.tolist() == [0, 1, 7, 8, 2, 8]
+
+
+def _laid(strings: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Strings as the decoder holds them: their first four words, word q of each in row q,
+    each followed by its closing quote."""
+    padded = [(s + b'"]').ljust(40, b"\0") for s in strings]
+    text = np.array(
+        [[int.from_bytes(p[8 * q : 8 * q + 8], "little") for p in padded] for q in range(4)],
+        dtype=np.uint64,
+    )
+    return text, np.array([len(s) for s in strings], dtype=np.intp)
+
+
+def test_numbers_read_as_float_does() -> None:
+    strings = [b"0", b"-0", b"244.95967466196072", b"1e5", b"-3.5", b"NaN", b"9" * 25]
+    text, length = _laid(strings)
+    plain = np.array([True, True, True, True, True, False, True])
+    negative = np.array([s.startswith(b"-") for s in strings])
+    values = _numbers(text, length, plain, negative)
+    assert values is not None
+    want = [float(s) for s in strings]
+    want[5] = math.nan  # not plain: left to the caller
+    assert values.view(np.int64).tolist() == np.array(want).view(np.int64).tolist()
+    # One orjson refuses (JSON has no leading zeros) or reads as more than one number.
+    for bad in (b"01", b"1,2", b"1 2", b"1]"):
+        text, length = _laid([b"1", bad])
+        assert _numbers(text, length, np.array([True, True]), np.array([False, False])) is None
 
 
 def test_not_json_is_refused() -> None:
