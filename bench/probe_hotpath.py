@@ -29,8 +29,14 @@ worktree, booted from there) beside this tree's: ``cost_vs_against_us`` is the m
 rounds of (this tree's probe - REV's probe), what a change costs every step; the result goes to
 ``probe_hotpath_against.json``.
 
+With ``--profile`` nothing is timed side by side: one probed loop (and REV's, with
+``--against``) runs under cProfile, its flush thread asleep, and the loop's end flushes every
+step under cProfile too; the costliest calls of each, in microseconds a step, are printed and
+go to ``probe_hotpath_profile.json``. cProfile adds its own cost to every Python call: read the
+ranking, not the absolute figures.
+
     python bench/probe_hotpath.py [--pairs 7] [--steps 20000] [--collective]
-        [--memory [--memory-every N]] [--against REV]
+        [--memory [--memory-every N]] [--against REV] [--profile]
 
 A smoke run that leaves the real results alone:
 ``BENCH_RESULTS_DIR=/tmp/hot python bench/probe_hotpath.py --pairs 1 --steps 300 --memory``.
@@ -75,6 +81,11 @@ model = nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = DataLoader(TensorDataset(torch.randn(steps, 8), torch.randint(0, 2, (steps,))), batch_size=1)
 times = []
+prof = None
+if sys.argv[3] == "1":
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
 cpu0 = time.process_time()
 last = time.perf_counter()
 for x, y in data:
@@ -88,6 +99,21 @@ for x, y in data:
     times.append(now - last)
     last = now
 cpu = (time.process_time() - cpu0) / len(times)  # every thread of the process: flush included
+if prof is not None:
+    prof.disable()
+    import json, pstats
+    from auditor.probe.hooks import current
+    def costliest(p, n):
+        st = pstats.Stats(p).stats
+        rows = sorted(st.items(), key=lambda kv: -kv[1][2])[:n]
+        return [{"function": f"{k[0].split('site-packages/')[-1]}:{k[1]}({k[2]})", "calls": v[1],
+                 "own_us_per_step": round(v[2] / len(times) * 1e6, 3),
+                 "cumulative_us_per_step": round(v[3] / len(times) * 1e6, 3)} for k, v in rows]
+    flush = cProfile.Profile()
+    flush.enable()
+    current().sink.flush()  # every step of the loop: the flush thread never woke during it
+    flush.disable()
+    print("PROFILE=" + json.dumps({"loop": costliest(prof, 40), "flush": costliest(flush, 15)}))
 times = sorted(times[__SKIP__:])
 print(f"cpu_us={cpu * 1e6:.3f} median_us={times[len(times) // 2] * 1e6:.3f}")
 """
@@ -99,7 +125,7 @@ LOOP_SOURCE = LOOP.replace("__SKIP__", str(SKIPPED_STEPS))
 def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple[float, float]:
     """(CPU time per step, median wall time per step), in microseconds."""
     out = subprocess.run(
-        [sys.executable, "-c", LOOP_SOURCE, str(steps), "1" if collective else "0"],
+        [sys.executable, "-c", LOOP_SOURCE, str(steps), "1" if collective else "0", "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -126,9 +152,14 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the probe's own, every 10th forward)")  # fmt: skip
     p.add_argument("--against", metavar="REV", default=None,
                    help="also run REV's probe (a git worktree) beside this tree's")  # fmt: skip
+    p.add_argument("--profile", action="store_true",
+                   help="instead: one probed loop (and REV's) under cProfile: the costliest "
+                        "calls per step of the loop and of the flush")  # fmt: skip
     args = p.parse_args(argv)
     if args.steps <= SKIPPED_STEPS:
         p.error(f"--steps must be more than the {SKIPPED_STEPS} warm-up steps the loop skips")
+    if args.profile:
+        return profile_main(args)
     base = dict(os.environ)
     base.pop("AUDITOR_PROBE", None)
     rundir = tempfile.mkdtemp(prefix="aud-hot-")
@@ -231,6 +262,58 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     ok = summary["samples_all_received"] and summary.get("memory_budgets_as_expected", True)
     return 0 if ok else 1
+
+
+def profile_main(args: argparse.Namespace) -> int:
+    """``--profile``: the probed loop under cProfile, this tree's probe (and REV's)."""
+    steps = min(args.steps, PROFILE_MAX_STEPS)
+    base = dict(os.environ)
+    base.pop("AUDITOR_PROBE", None)
+    rundir = tempfile.mkdtemp(prefix="aud-hot-")
+    sink = os.path.join(rundir, "s.sock")
+    intake = RankIntake(sink)
+    intake.start()
+    # The flush thread sleeps through the loop; the loop's end flushes every step, profiled.
+    probed = {**probe_env(base, sink=sink, job="hotpath"), "AUDITOR_PROBE_FLUSH_S": "3600"}
+    arms = {"probe": probed}
+    worktree = _worktree(args.against) if args.against else None
+    if worktree is not None:
+        arms["against"] = _booted_from(probed, worktree)
+    out: dict[str, Any] = {"steps": steps, "collective_per_step": args.collective}
+    try:
+        for name, env in arms.items():
+            out[name] = profile_loop(steps, env, args.collective)
+            received(intake, probed=True)
+    finally:
+        intake.stop()
+        if worktree is not None:
+            subprocess.run(["git", "-C", c.REPO, "worktree", "remove", "--force", worktree],
+                           capture_output=True)  # fmt: skip
+    for name in arms:
+        for part in ("loop", "flush"):
+            print(f"{name}, {part} (own microseconds a step under cProfile):")
+            for row in out[name][part][:20]:
+                print(f"  {row['own_us_per_step']:8.2f}  {row['calls']:7d}  {row['function']}")
+    out["against_rev"] = args.against
+    c.write_result("probe_hotpath_profile", out)
+    return 0
+
+
+# The probe keeps at most 10,000 closed steps between flushes (StepClock's max_pending).
+PROFILE_MAX_STEPS = 9_000
+
+
+def profile_loop(steps: int, env: dict[str, str], collective: bool) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-c", LOOP_SOURCE, str(steps), "1" if collective else "0", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    line = next(x for x in out.splitlines() if x.startswith("PROFILE="))
+    result: dict[str, Any] = json.loads(line[len("PROFILE=") :])
+    return result
 
 
 def received(

@@ -53,12 +53,14 @@ Hot path: every event only reads a clock and appends to a list. Durations are re
 off the training thread, by :meth:`StepClock.resolve` (called from the sink's flush thread). That
 matters on GPUs: there the phase marks are CUDA events recorded on the current stream and read
 once the device has passed them, so nothing on the hot path synchronises. Adjacent segments share
-their boundary mark, so a nested phase costs one mark per boundary.
+their boundary mark, so a nested phase costs one mark per boundary, and of a backward's DDP
+buckets only the last records one. On the host a mark is ``time.perf_counter`` itself. Every
+duration is resolved to the nanosecond, the host clock's own resolution: the figures are the
+same, and their JSON on the flush thread is about half as dear.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -79,7 +81,9 @@ DDP_ALLREDUCE = "ddp_allreduce"
 
 class Timer(Protocol):
     """Marks points in the step and measures between them (CPU clock or CUDA events).
-    ``device``: marks are on a device's timeline, which the host runs ahead of."""
+    ``device``: marks are on a device's timeline, which the host runs ahead of; a host timer's
+    marks (``device`` False) are ready when made and hold nothing to release, so
+    :meth:`StepClock.resolve` neither asks nor releases them."""
 
     device: bool
 
@@ -93,12 +97,11 @@ class Timer(Protocol):
 
 
 class CpuTimer:
-    """Monotonic host clock; marks are floats and are always ready."""
+    """Monotonic host clock; marks are floats, ready when made, and hold nothing to release.
+    ``mark`` is the clock itself (no Python frame between the hook and the clock)."""
 
     device = False
-
-    def mark(self) -> float:
-        return time.perf_counter()
+    mark = staticmethod(time.perf_counter)
 
     def ready(self, mark: Any) -> bool:
         return True
@@ -116,6 +119,9 @@ class CudaTimer:
     Events come from a free list so steady state allocates nothing; ``elapsed`` is called from the
     flush thread after ``ready`` said the events completed, so it never blocks. A mark bounds two
     adjacent segments, so it goes back to the free list (``release``) once per step, not per read.
+    The free list takes no lock: ``list.pop`` and ``list.extend`` are each one atomic operation
+    (the flush thread only extends it; the training thread and DDP's autograd thread pop, and a
+    pop that finds it empty makes a new event).
     """
 
     device = True
@@ -123,12 +129,11 @@ class CudaTimer:
     def __init__(self, torch_module: Any) -> None:
         self._torch = torch_module
         self._free: list[Any] = []
-        self._lock = threading.Lock()
 
     def mark(self) -> Any:
-        with self._lock:
-            ev = self._free.pop() if self._free else None
-        if ev is None:
+        try:
+            ev = self._free.pop()
+        except IndexError:
             ev = self._torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
@@ -140,15 +145,14 @@ class CudaTimer:
         return max(0.0, float(start.elapsed_time(end)) / 1e3)
 
     def release(self, marks: Iterable[Any]) -> None:
-        with self._lock:
-            self._free.extend(marks)
+        self._free.extend(marks)
 
 
 # One booked segment: (phase, start mark, end mark, collective name or None).
 Span = tuple[int, Any, Any, "str | None"]
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingStep:
     """A closed step whose device-side phase marks may still be in flight."""
 
@@ -209,6 +213,7 @@ class StepClock:
         self._rank = rank
         self.timer: Timer = timer or CpuTimer()
         self._dev = self.timer.device
+        self._mark = self.timer.mark
         # Device timer: the current step's first mark (the previous step's last), and the open
         # data wait's first mark.
         self._start_mark: Any = None
@@ -251,6 +256,7 @@ class StepClock:
         """Switch the phase timer (before the first step: marks of two timers never mix)."""
         self.timer = timer
         self._dev = timer.device
+        self._mark = timer.mark
         self._memory = memory
 
     def _reset(self, start: float | None) -> None:
@@ -281,7 +287,7 @@ class StepClock:
         if not counted:
             stack.append((phase, False, name))
             return
-        m = self.timer.mark()
+        m = self._mark()
         top = self._top
         if top >= 0:
             outer = stack[top]
@@ -298,13 +304,27 @@ class StepClock:
         was not open."""
         stack = self._stack
         i = len(stack) - 1
+        if i == 0 and self._top == 0 and stack[0][0] == phase:
+            # The common case, the only open phase ends (what the general path below does).
+            m = self._mark()
+            if phase != PHASE_DATA:
+                self._spans.append((phase, self._seg, m, stack[0][2]))
+            self._seg = m
+            if phase == PHASE_BACKWARD:
+                self._bwd_end = m
+                self._backward_depth -= 1
+            elif phase == PHASE_OUTSIDE:
+                self._outside_depth -= 1
+            stack.clear()
+            self._top = -1
+            return True
         while i >= 0 and stack[i][0] != phase:
             i -= 1
         if i < 0:
             return False
         top = self._top
         if top >= i:  # the innermost counted phase is at or inside it: end its segment here
-            m = self.timer.mark()
+            m = self._mark()
             inner = stack[top]
             if inner[0] != PHASE_DATA:
                 self._spans.append((inner[0], self._seg, m, inner[2]))
@@ -340,7 +360,7 @@ class StepClock:
         """The first event of the very first step."""
         self._start = self._now()
         if self._dev and self._start_mark is None:
-            self._start_mark = self.timer.mark()
+            self._start_mark = self._mark()
 
     def data_begin(self) -> float:
         t = self._now()
@@ -355,7 +375,7 @@ class StepClock:
             return t
         if self._dev:
             # Right after a close, the step's boundary mark is this wait's first mark too.
-            m = self._start_mark if closed and self._start_mark is not None else self.timer.mark()
+            m = self._start_mark if closed and self._start_mark is not None else self._mark()
             self._data_open = m
             if self._start_mark is None:
                 self._start_mark = m
@@ -372,7 +392,7 @@ class StepClock:
         self._in_data = False
         self._data_wait += self._now() - began
         if self._data_open is not None:
-            self._data_marks.append((self._data_open, self.timer.mark()))
+            self._data_marks.append((self._data_open, self._mark()))
             self._data_open = None
         if cpu_s is not None:
             self._data_cpu += cpu_s
@@ -473,19 +493,22 @@ class StepClock:
         """Inside named outside work."""
         return self._outside_depth > 0
 
-    def bucket_launched(self, nbytes: int | None = None) -> float:
+    def bucket_launched(self, nbytes: int | None = None, *, last: bool = True) -> float:
         """A gradient bucket is ready on this rank and its all-reduce starts (comm hook);
-        ``nbytes``: the bucket's size."""
+        ``nbytes``: the bucket's size. ``last``: False where the bucket is known not to be the
+        backward's last (DDP's ``GradBucket.is_last()``; DDP launches its buckets in index
+        order): the device wait is read from the last launch only, so no other bucket records
+        a mark."""
         t = self._now()
         if nbytes:
             self._coll_bytes[DDP_ALLREDUCE] = self._coll_bytes.get(DDP_ALLREDUCE, 0) + nbytes
         self._cw_launch = max(self._cw_launch, t)
         self._cw_seen = True
-        if self._dev:
+        if self._dev and last:
             # Recorded on the stream the gradients were computed on: passed once they exist.
             if self._cw_mark is not None:
                 self._spare.append(self._cw_mark)
-            self._cw_mark = self.timer.mark()
+            self._cw_mark = self._mark()
         return t
 
     def bucket_done(self) -> None:
@@ -504,7 +527,7 @@ class StepClock:
         m = None
         if top >= 0:
             # A phase open across the boundary: end its segment here, go on in the next step.
-            m = self.timer.mark()
+            m = self._mark()
             entry = self._stack[top]
             if entry[0] != PHASE_DATA:
                 self._spans.append((entry[0], self._seg, m, entry[2]))
@@ -512,7 +535,7 @@ class StepClock:
         start_mark = end_mark = None
         if self._dev:
             start_mark = self._start_mark
-            end_mark = m if m is not None else self.timer.mark()
+            end_mark = m if m is not None else self._mark()
             if start_mark is None:  # no event opened the step: it starts where it ends
                 start_mark = end_mark
             self._start_mark = end_mark
@@ -555,6 +578,12 @@ class StepClock:
         out: list[StepSample] = []
         rank = self._rank()
         timer = self.timer
+        pending = self.pending
+        if not self._dev:
+            # Host marks: ready when made, nothing to give back (``CpuTimer``).
+            while pending:
+                out.append(self._sample(rank, pending.popleft(), rss_bytes))
+            return out
         while self.pending:
             p = self.pending[0]
             # Every mark, not only the last: marks on different streams complete out of order.
@@ -575,11 +604,12 @@ class StepClock:
         return out
 
     def _sample(self, rank: int, p: PendingStep, rss_bytes: int | None) -> StepSample:
+        elapsed = self.timer.elapsed
         phases = [0.0] * _N_TIMED
         ops: dict[str, float] = {}
         outside: dict[str, float] = {}
         for phase, a, b, name in p.spans:
-            d = self.timer.elapsed(a, b)
+            d = elapsed(a, b)
             if phase == PHASE_OUTSIDE:
                 key = name or "outside"
                 outside[key] = outside.get(key, 0.0) + d
@@ -591,10 +621,10 @@ class StepClock:
         backward = phases[PHASE_BACKWARD]
         step_s, data_wait_s = p.step_s, p.data_wait_s
         if p.start_mark is not None:  # a device timer: every figure on the device's timeline
-            step_s = self.timer.elapsed(p.start_mark, p.end_mark)
-            data_wait_s = sum(self.timer.elapsed(a, b) for a, b in p.data_marks)
+            step_s = elapsed(p.start_mark, p.end_mark)
+            data_wait_s = sum(elapsed(a, b) for a, b in p.data_marks)
             if p.ddp_marks is not None and p.ddp_wait_s is not None:
-                p.ddp_wait_s = self.timer.elapsed(*p.ddp_marks)
+                p.ddp_wait_s = elapsed(*p.ddp_marks)
         if p.ddp_wait_s is not None:
             # The DDP wait happens inside backward (the reducer waits for its buckets there).
             ops[DDP_ALLREDUCE] = ops.get(DDP_ALLREDUCE, 0.0) + p.ddp_wait_s
@@ -603,25 +633,48 @@ class StepClock:
             self.collective_unmeasured
         )
         alloc, reserved, peak = p.memory
+        if ops:
+            ops = {k: _ns(v) for k, v in ops.items()}
+        data_cpu_s = p.data_cpu_s
+        # Each to the nanosecond (``_ns``), in one pass.
+        step_s, data_wait_s, h2d, forward, backward, optimizer = [
+            round(v * 1e9) / 1e9
+            for v in (
+                step_s,
+                data_wait_s,
+                phases[PHASE_H2D],
+                phases[PHASE_FORWARD],
+                backward,
+                phases[PHASE_OPTIMIZER],
+            )
+        ]
         return StepSample(
             rank=rank,
             step=p.step,
             time=p.wall_time,
             step_s=step_s,
             data_wait_s=data_wait_s,
-            h2d_s=phases[PHASE_H2D],
-            forward_s=phases[PHASE_FORWARD],
+            h2d_s=h2d,
+            forward_s=forward,
             backward_s=backward,
-            optimizer_s=phases[PHASE_OPTIMIZER],
-            collective_wait_s=sum(ops.values()) if measured else None,
+            optimizer_s=optimizer,
+            collective_wait_s=_ns(sum(ops.values())) if measured else None,
             batch_size=p.batch_size,
             rss_bytes=rss_bytes,
             mem_allocated_bytes=alloc,
             mem_reserved_bytes=reserved,
             mem_peak_bytes=peak,
-            data_cpu_s=p.data_cpu_s,
+            data_cpu_s=_ns(data_cpu_s) if data_cpu_s is not None else None,
             collective_ops=ops if measured else None,
             collective_bytes=(p.coll_bytes or None) if measured else None,
             micro_batches=p.micro_batches,
-            outside=outside or None,
+            outside={k: _ns(v) for k, v in outside.items()} if outside else None,
         )
+
+
+def _ns(seconds: float) -> float:
+    """A duration to the nanosecond, the host clock's resolution (a CUDA event's is about half
+    a microsecond): the same figure, with no digit below the nanosecond where a difference of
+    two clock readings carries 17 significant ones. ``repr`` of such a float, which the JSON of
+    every field of every step pays on the flush thread, costs about half."""
+    return round(seconds * 1e9) / 1e9

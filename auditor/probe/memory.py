@@ -274,6 +274,8 @@ class MemoryMeter:
         self.scan = scan
         self.model: Any = None
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        # The optimizer seen last (weakly): the set is asked only when another one steps.
+        self._last_optimizer: weakref.ref[Any] | None = None
         self._steps = 0  # optimizer steps seen
         self._forwards = 0  # top-level forwards of the model seen
         self._last_check = -1
@@ -362,8 +364,11 @@ class MemoryMeter:
         ``check_every`` steps but at most once every ``check_interval_s``; queue a budget
         message when anything changed (a new activation sample is compared first, cheaply)."""
         self._steps += 1
-        if optimizer is not None and optimizer not in self._optimizers:
-            self._optimizers.add(optimizer)
+        last = self._last_optimizer
+        if optimizer is not None and (last is None or last() is not optimizer):
+            if optimizer not in self._optimizers:
+                self._optimizers.add(optimizer)
+            self._last_optimizer = weakref.ref(optimizer)
         if model is not None:
             self.model = model
         if self.model is None:

@@ -207,6 +207,56 @@ def test_ddp_wait_runs_from_the_last_launch(timer: str, wait: float) -> None:
     assert s1.collective_wait_s is None
 
 
+def test_only_the_last_bucket_marks_the_device() -> None:
+    """DDP says which bucket is a backward's last (``GradBucket.is_last()``): the buckets known
+    not to be record no device mark, and the wait read is the one every bucket marking gives."""
+    waits, marks = [], []
+    for known in (False, True):
+        sc, c, dev = make("device")
+        assert dev is not None
+        c.at(0.0)
+        sc.forward_begin()
+        c.at(0.010)
+        sc.forward_end()
+        sc.backward_begin()
+        for t in (0.020, 0.025, 0.030):
+            c.at(t)
+            sc.bucket_launched(1024, last=t == 0.030 or not known)
+        c.at(0.052)
+        sc.bucket_done()
+        c.at(0.055)
+        sc.backward_end()
+        sc.optimizer_begin()
+        c.at(0.060)
+        sc.optimizer_end()
+        sc.data_begin()
+        marks.append(len(dev.times))
+        dev.complete_all()
+        (s,) = sc.resolve()
+        waits.append((s.collective_ops, s.collective_bytes, s.backward_s))
+    assert waits[0] == waits[1]
+    assert waits[1][0] == {"ddp_allreduce": pytest.approx(0.025)}  # last launch to backward's end
+    assert waits[1][1] == {"ddp_allreduce": 3 * 1024}  # every bucket's bytes all the same
+    assert marks[0] - marks[1] == 2  # the two earlier buckets' marks
+
+
+def test_durations_are_sent_to_the_nanosecond() -> None:
+    """A duration keeps the host clock's resolution (1 ns) and no more: its JSON is short."""
+    sc, c, dev = make("host")
+    one_batch(sc, c, 0.1234567891234)
+    c.at(0.1234567891234 + 0.1300000004321)
+    sc.data_begin()
+    assert dev is not None
+    dev.complete_all()
+    (s,) = sc.resolve()
+    for name in ("step_s", "data_wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s"):
+        v = getattr(s, name)
+        assert v == round(v, 9), name
+        assert len(repr(v)) <= 12, (name, v)
+    assert s.step_s == 0.13
+    assert s.forward_s == 0.03
+
+
 def test_host_ahead_of_the_device_books_each_instant_once() -> None:
     """The host asks for the next batch while the device still runs the step it launched. Host
     time: 20 ms data wait, launches h2d, forward, backward and optimizer, 1 ms more. Device: the

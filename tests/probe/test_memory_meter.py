@@ -172,6 +172,26 @@ def test_a_changed_budget_is_sent_again_and_an_unchanged_one_is_not() -> None:
     assert b is not None and b.param_bytes == (16 + 4 + 100) * 4
 
 
+def test_every_optimizer_that_steps_is_counted_and_none_kept_alive() -> None:
+    """Two optimizers stepping in turn (a GAN's) both hold state in the budget; one the script
+    drops leaves it: the meter holds optimizers weakly."""
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))
+    a = torch.optim.Adam(model[0].parameters())
+    b = torch.optim.Adam(model[1].parameters())
+    meter = MemoryMeter(torch, rank=lambda: 0, check_every=1, check_interval_s=0.0, scan=False)
+    for _ in range(2):
+        step(meter, model, a, torch.randn(2, 10))
+        step(meter, model, b, torch.randn(2, 10))
+    budget = meter.measure()
+    assert budget is not None
+    p = (10 * 10 + 10) * 4
+    assert budget.optimizer_bytes_by_kind["exp_avg"] == 2 * p
+    del b
+    gc.collect()
+    budget = meter.measure()
+    assert budget is not None and budget.optimizer_bytes_by_kind["exp_avg"] == p
+
+
 def test_evaluation_forwards_do_not_replace_the_sample() -> None:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -18,7 +18,8 @@ def hook_backward(probe: Probe, torch: Any) -> None:
     def backward(*args: Any, **kwargs: Any) -> Any:
         if not probe.active:
             return orig(*args, **kwargs)
-        probe.close_h2d()
+        if probe._h2d_open:
+            probe.close_h2d()
         clock.backward_begin()
         try:
             return orig(*args, **kwargs)

@@ -38,7 +38,12 @@ class TimedCommHook:
             nbytes = bucket.buffer().nbytes
         except Exception:  # a bucket without its flat buffer: the bytes are unknown
             nbytes = None
-        clock.bucket_launched(nbytes)
+        try:
+            # Only the last bucket's launch is marked on the device (one event a backward).
+            last = bool(bucket.is_last())
+        except Exception:  # not known: every bucket marks, the last mark is read
+            last = True
+        clock.bucket_launched(nbytes, last=last)
         # The inner hook's own dist.all_reduce is this wait: not timed a second time.
         clock.hook_depth += 1
         try:

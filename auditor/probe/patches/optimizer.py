@@ -15,7 +15,8 @@ def hook_optimizer(probe: Probe, torch: Any) -> None:
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         if probe.enabled and (probe.active or probe.activate()):
-            probe.close_h2d()
+            if probe._h2d_open:
+                probe.close_h2d()
             clock.optimizer_begin()
 
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
