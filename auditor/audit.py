@@ -125,6 +125,12 @@ LIVE_CONFIRM_S = 1.0
 # A finding short of critical on a window cut at a change is shown once the verdicts have held
 # it this long: a second verdict at the default cadence (0.5 s).
 LIVE_CUT_CONFIRM_S = 0.5
+# A live window whose steps span less than this share of it (the run's first seconds) is little
+# evidence: every finding on it waits LIVE_YOUNG_CONFIRM_S, critical too (start-up's uneven
+# steps raised a 1.27x straggler for a second, and a critical one for one verdict, on balanced
+# jobs).
+LIVE_YOUNG_SHARE = 0.9
+LIVE_YOUNG_CONFIRM_S = 2.0
 # Verdicts come on a timer that wakes a little early or late: a hold is met within this.
 _CONFIRM_SLACK_S = 0.1
 
@@ -159,6 +165,8 @@ class Audit:
         self._live_since: dict[Key, float] = {}
         # Where the latest live window was cut: the job's step changed then (None: not cut).
         self.changed_at: float | None = None
+        # Whether the latest live window's steps spanned less than most of it (start-up).
+        self.young = False
         self._last_step: dict[int, int] = {}
         self._died: dict[int, DeadRank] = {}
         self.nodes: list[dict[str, Any]] = []  # the job view's node states (multi-node jobs)
@@ -200,6 +208,7 @@ class Audit:
         fault that began four seconds ago is most of those steps, and a minority of a 10 s
         window's, whose medians still show the job before it."""
         snap = self.store.snapshot(now, self.window_s, warmup_s=LIVE_WARMUP_S)
+        self.young = self._young(snap)
         since = latest_change(snap) if self.window_s is not None else None
         if since is not None:
             snap = self.store.snapshot(now, now - since, warmup_s=LIVE_WARMUP_S)
@@ -213,15 +222,21 @@ class Audit:
         catches a loader's hiccup on a busy host raised a 1.1x warning for a second on balanced
         jobs. On the steps since a change (a window cut short, seconds of steps), every finding
         short of critical waits :data:`LIVE_CUT_CONFIRM_S`: a rank slowed for a moment on a
-        loaded host is not a straggler. A fault worth more on a whole window, or critical,
-        shows at once."""
+        loaded host is not a straggler. In the run's first seconds (steps over less than
+        :data:`LIVE_YOUNG_SHARE` of the window) every finding waits
+        :data:`LIVE_YOUNG_CONFIRM_S`, critical too. A
+        fault worth more on a whole window, or critical past start-up, shows at once."""
         snap, verdict = self.judge(now)
         since = {k: self._live_since.get(k, now) for k in map(key, verdict.findings)}
         self._live_since = since
-        cut = self.changed_at is not None
+        cut, young = self.changed_at is not None, self.young
 
         def hold_s(f: Finding) -> float:
-            if f.severity in ("critical", "info"):
+            if f.severity == "info":
+                return 0.0
+            if young:
+                return LIVE_YOUNG_CONFIRM_S
+            if f.severity == "critical":
                 return 0.0
             return max(LIVE_CONFIRM_S if _marginal(f) else 0.0, LIVE_CUT_CONFIRM_S if cut else 0.0)
 
@@ -231,6 +246,14 @@ class Audit:
         if len(shown) == len(verdict.findings):
             return snap, verdict
         return snap, replace(verdict, findings=shown)
+
+    def _young(self, snap: Snapshot) -> bool:
+        """Whether the window's steps span less than :data:`LIVE_YOUNG_SHARE` of it (the run's
+        first seconds); never for a whole-run window."""
+        if self.window_s is None:
+            return False
+        first = min((v.steps[0].time for v in snap.ranks if v.steps), default=None)
+        return first is None or snap.end - first < LIVE_YOUNG_SHARE * self.window_s
 
     def judge_snapshot(self, snap: Snapshot) -> Verdict:
         """The verdict on ``snap`` (:func:`judge`, with this audit's overrides), kept as the

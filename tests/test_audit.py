@@ -92,3 +92,21 @@ def test_a_marginal_live_warning_shows_once_the_verdicts_have_held_it_for_a_seco
     # Critical: shown at once.
     first, _ = live(backward_straggler())
     assert ("compute_straggler", "critical") in first
+
+
+def test_in_the_runs_first_seconds_even_a_critical_finding_waits_two_seconds() -> None:
+    from auditor.audit import Audit
+    from tests.helpers.jobs import JobBuilder, backward_straggler
+
+    def shown(steps: int) -> list[list[str]]:
+        audit = Audit("j", window_s=10.0)
+        job = JobBuilder(backward_straggler(), store=audit.store).run(steps)
+        return [
+            [f.kind for f in audit.judge_live(job.now + t)[1].findings if f.severity == "critical"]
+            for t in (0.0, 0.5, 1.0, 1.5, 2.0)
+        ]
+
+    # A few seconds of steps: held for two seconds of verdicts, then shown.
+    assert shown(40) == [[], [], [], [], ["compute_straggler"]]
+    # A window full of steps: shown at once.
+    assert shown(200)[0] == ["compute_straggler"]

@@ -38,10 +38,11 @@ data wait, the rank's own work otherwise).
 Speed-up: the barrier model (:class:`~auditor.analysis.advisor.Barrier`) over the latest
 segment (each rank's median local time there, the least median wait as the floor), with the
 leading ranks back at their local time before the change: the job's step now over its step if
-they went back to their earlier pace. Named where it is at least ``min_speedup``; severity from
-it. Where the ranks' waits were not measured (a builtin comm hook) a rank's own time cannot be
-told from its wait: silent, as on an empty history (``auditor serve``'s windows) and before
-``min_steps`` steps after warm-up.
+they went back to their earlier pace, at most the job's step now over its step before the
+change (the slow steps' floor and peers run cheaper than the job will). Named where it is at
+least ``min_speedup``; severity from it. Where the ranks' waits were not measured (a builtin
+comm hook) a rank's own time cannot be told from its wait: silent, as on an empty history
+(``auditor serve``'s windows) and before ``min_steps`` steps after warm-up.
 """
 
 from __future__ import annotations
@@ -300,6 +301,12 @@ def _finding(
         waits = [v for col in i.ranks.values() if (v := _level(col, WAIT, latest)) is not None]
         barrier = Barrier(local_now, min(waits, default=0.0))
         speedup = barrier.speedup({r: c.own_before_s for r, c in leaders.items()})
+        if before > 0:
+            # The leaders back at their earlier pace take the job back to its step before the
+            # change, not past it: the barrier model's floor and the peers' times were read
+            # from the slow steps, which run cheaper than the job will (a peer that waits
+            # frees the host's cores for the others).
+            speedup = min(speedup, max(1.0, now / before))
         if speedup < t.min_speedup:
             return None
         evidence["per_rank"] = {str(r): _evidence(c) for r, c in sorted(leaders.items())}
