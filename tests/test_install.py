@@ -121,8 +121,9 @@ def test_installing_changes_nothing_already_installed(tmp_path: Path) -> None:
 
 
 def test_only_auditor_serve_needs_the_serve_extra() -> None:
-    """Every module imports without orjson and numpy except the service's own and its command
-    (auditor serve checks for them first and names the extra)."""
+    """Every module imports without orjson and numpy except the service's own, its command and
+    the Prometheus client with its answer decoder (auditor serve checks for them first and
+    names the extra)."""
     code = (
         "import importlib, pkgutil, sys\n"
         f"for name in {SERVE_EXTRA!r}:\n"
@@ -141,4 +142,4 @@ def test_only_auditor_serve_needs_the_serve_extra() -> None:
     theirs = {
         m for m in needing if m.startswith("auditor.service") or m == "auditor.commands.serve"
     }
-    assert needing - theirs == {"auditor.metrics.query"}
+    assert needing - theirs == {"auditor.metrics.query", "auditor.metrics.promvector"}
