@@ -122,15 +122,23 @@ print(f"cpu_us={cpu * 1e6:.3f} median_us={times[len(times) // 2] * 1e6:.3f}")
 LOOP_SOURCE = LOOP.replace("__SKIP__", str(SKIPPED_STEPS))
 
 
-def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple[float, float]:
-    """(CPU time per step, median wall time per step), in microseconds."""
-    out = subprocess.run(
-        [sys.executable, "-c", LOOP_SOURCE, str(steps), "1" if collective else "0", "0"],
+def _loop_output(steps: int, env: dict[str, str], collective: bool, profile: bool) -> str:
+    """The loop's stdout, run in a fresh interpreter with ``env``."""
+    return subprocess.run(
+        [
+            sys.executable, "-c", LOOP_SOURCE, str(steps),
+            "1" if collective else "0", "1" if profile else "0",
+        ],
         env=env,
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
+    ).stdout  # fmt: skip
+
+
+def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple[float, float]:
+    """(CPU time per step, median wall time per step), in microseconds."""
+    out = _loop_output(steps, env, collective, profile=False)
     fields = dict(kv.split("=") for kv in out.split()[-2:])
     return float(fields["cpu_us"]), float(fields["median_us"])
 
@@ -304,13 +312,7 @@ PROFILE_MAX_STEPS = 9_000
 
 
 def profile_loop(steps: int, env: dict[str, str], collective: bool) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", LOOP_SOURCE, str(steps), "1" if collective else "0", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = _loop_output(steps, env, collective, profile=True)
     line = next(x for x in out.splitlines() if x.startswith("PROFILE="))
     result: dict[str, Any] = json.loads(line[len("PROFILE=") :])
     return result
