@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import repeat
 from math import isfinite
 from operator import itemgetter
@@ -22,6 +23,8 @@ from auditor.metrics.query import Series, Vector
 
 Column = npt.NDArray[np.float64]
 Answer = Vector | Sequence[Series]
+# Every query's answer, by the query's key.
+Answers = Mapping[str, Answer]
 
 
 def as_vector(answer: Answer | None) -> Vector:
@@ -150,3 +153,35 @@ def rounded(values: Column, missing: Any) -> list[Any]:
     if _ordinary(values):
         return np.rint(values).astype(np.int64).tolist()
     return [round(x) if isfinite(x) else missing for x in values.tolist()]
+
+
+# Label values as whole numbers (ranks, world sizes, GPU indexes).
+
+
+def int_label(text: str | None) -> int | None:
+    """A label's whole number ("3", also "3.0"), None where absent or not a number."""
+    try:
+        return int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        pass
+    if not text:
+        return None
+    try:
+        return int(float(text))
+    except (ValueError, OverflowError):
+        return None
+
+
+def int_labels(texts: list[str]) -> list[int | None]:
+    """:func:`int_label` of each label: in C where all are plain whole numbers (rank numbers)."""
+    try:
+        return list(map(int, texts))
+    except (TypeError, ValueError):
+        return list(map(int_label, texts))
+
+
+@lru_cache(maxsize=1024)
+def int_label_or_0(text: str | None) -> int:
+    # Cached: a few distinct label values (world size, local rank, GPU index) recur on every
+    # rank or GPU. (Rank numbers, all distinct, go through int_label: a cache only churned.)
+    return int_label(text) or 0

@@ -16,14 +16,16 @@ its budget (``bench/serve_scale.py``).
 * **GPUs**: :class:`DeviceStats` straight from ``quantile_over_time`` (medians), ``max_over_time``
   (peaks, PCIe), ``deriv`` (memory trend: the least-squares slope the live path fits),
   ``sum_over_time(auditor_gpu_up)`` (samples answered) and ``avg_over_time`` of each throttle
-  reason (share of samples; the largest stands for "any reason", a lower bound).
+  reason (share of samples; the largest stands for "any reason", a lower bound), in
+  :mod:`.promgpus`.
 
 Pure: no I/O and no clock (the caller says what "now" is), so it is tested with hand-written
 answers and benchmarked at 4,096 ranks without a Prometheus server. What depends on labels
 alone (the ranks and their order, each rank's :class:`RankInfo`, the GPUs' labels and owners)
 is kept from one evaluation to the next while the client hands the same label tuples and the
 few values it also reads (configured workers, which GPUs answered) are the same: a job's
-identity does not change between evaluations, its figures do (:func:`forget` drops it).
+identity does not change between evaluations, its figures do (:mod:`.kept`; :func:`forget` drops
+it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import compress, repeat
 from operator import attrgetter, is_not, itemgetter, methodcaller
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from auditor.analysis.devices import IDLE_REASONS, DeviceStats
+from auditor.analysis.devices import DeviceStats
 from auditor.analysis.frozen import from_columns
 from auditor.analysis.snapshot import RankView, Snapshot
 from auditor.analysis.stats import RankStats, rank_stats_from_columns
@@ -49,25 +50,25 @@ from auditor.metrics.query import Vector
 from auditor.samples import PHASES, LoaderConfig, NodeCpu, ProcessCpu, RankInfo, StepSample
 
 from .columns import (
-    GPU,
     RANK,
-    Answer,
+    Answers,
     Column,
     Columns,
     as_vector,
+    int_label,
+    int_label_or_0,
+    int_labels,
     optional,
     optional_ints,
     rounded,
 )
-from .promqueries import DCGM, GPU_FIGURES, MEMORY_KINDS
+from .kept import LAST
+from .kept import forget as forget
+from .promgpus import all_gpus
+from .promgpus import gpu_stats as gpu_stats
+from .promqueries import MEMORY_KINDS
 from .promqueries import queries as queries
 from .promqueries import sub_key as sub_key
-
-_MHZ = 1e6
-MODEL = "modelName"  # dcgm-exporter's model label (the highest SM clock per model is by it)
-
-
-Answers = Mapping[str, Answer]
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def running_jobs(answers: Answers, now: float, *, stale_after_s: float) -> dict[
     keys = RANK.all(up)
     # Each rank's job, and whether it is a rank at all (a job name and a numeric rank).
     jobs = np.array([key[0] for key in keys], dtype=object)
-    numbers = map(_int, map(itemgetter(1), keys))
+    numbers = map(int_label, map(itemgetter(1), keys))
     ranked = np.fromiter(map(is_not, numbers, repeat(None)), dtype=bool, count=len(keys))
     ranked &= jobs != ""
     at = np.fromiter(map(seen.get, keys, repeat(0.0)), dtype=np.float64, count=len(keys))
@@ -167,10 +168,10 @@ class _RankLayout:
 def _rank_layout(rank_info: Vector, steps: Vector, wanted: frozenset[str] | None) -> _RankLayout:
     """The ranks: every (job, rank) with an identity or a step count, in the jobs asked for.
     The same from one evaluation to the next while the answers list the same series (the
-    client's shared labels) and the same ranks counted steps: kept (:data:`_LAST`)."""
+    client's shared labels) and the same ranks counted steps: kept (:data:`LAST`)."""
     counted = ~np.isnan(steps.values)
     inputs = (rank_info.labels, steps.labels, wanted, counted)
-    kept = _LAST.get("ranks", inputs)
+    kept = LAST.get("ranks", inputs)
     if kept is not None:
         return kept
     infos: dict[Any, Mapping[str, str]] = {
@@ -182,7 +183,7 @@ def _rank_layout(rank_info: Vector, steps: Vector, wanted: frozenset[str] | None
     keys = list(dict.fromkeys([*infos, *(k for k in stepped if wanted is None or k[0] in wanted)]))
     ranked = sorted(
         (key[0], number, key)
-        for key, number in zip(keys, _ints([key[1] for key in keys]), strict=True)
+        for key, number in zip(keys, int_labels([key[1] for key in keys]), strict=True)
         if number is not None
     )
     index = {key: i for i, (_, _, key) in enumerate(ranked)}
@@ -193,62 +194,8 @@ def _rank_layout(rank_info: Vector, steps: Vector, wanted: frozenset[str] | None
         infos=infos,
         columns=Columns(index, RANK),
     )
-    _LAST.keep("ranks", inputs, layout)
+    LAST.keep("ranks", inputs, layout)
     return layout
-
-
-class _Last:
-    """The last result of each part of the rebuild that depends on labels alone, with its
-    inputs: reused while they are the same. Label lists count as the same when they are the
-    same (immutable) tuple, which the client hands out for an unchanged shape of answer
-    (:class:`~auditor.metrics.promvector.LabelCache`), from one evaluation to the next; lists
-    (hand-written answers) never do. Everything else is compared by value (arrays with their
-    NaNs)."""
-
-    def __init__(self) -> None:
-        self._kept: dict[str, tuple[tuple[Any, ...], Any]] = {}
-
-    def get(self, part: str, inputs: tuple[Any, ...]) -> Any:
-        kept = self._kept.get(part)
-        if kept is None or not all(map(_same, kept[0], inputs)):
-            return None
-        return kept[1]
-
-    def keep(self, part: str, inputs: tuple[Any, ...], result: Any) -> None:
-        if all(type(x) is tuple for x in inputs if _is_labels(x)):
-            self._kept[part] = (inputs, result)
-        else:
-            self._kept.pop(part, None)
-
-    def clear(self) -> None:
-        self._kept.clear()
-
-
-def _is_labels(x: Any) -> bool:
-    return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], Mapping)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if _is_labels(a) or _is_labels(b):
-        return a is b and type(a) is tuple
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
-        )
-    return type(a) is type(b) and bool(a == b)
-
-
-# One per process: the service's evaluations follow one another (a result is never changed
-# once made, so sharing it with the next evaluation's snapshots is safe).
-_LAST = _Last()
-
-
-def forget() -> None:
-    """Drop what the rebuild kept from the last evaluation (the next one starts cold)."""
-    _LAST.clear()
 
 
 def _owned(
@@ -278,35 +225,6 @@ def _owned(
 # ranks
 
 
-def _int(text: str | None) -> int | None:
-    """A label's whole number ("3", also "3.0"), None where absent or not a number."""
-    try:
-        return int(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        pass
-    if not text:
-        return None
-    try:
-        return int(float(text))
-    except (ValueError, OverflowError):
-        return None
-
-
-def _ints(texts: list[str]) -> list[int | None]:
-    """:func:`_int` of each label: in C where all are plain whole numbers (rank numbers)."""
-    try:
-        return list(map(int, texts))
-    except (TypeError, ValueError):
-        return list(map(_int, texts))
-
-
-@lru_cache(maxsize=1024)
-def _int_or_0(text: str | None) -> int:
-    # Cached: a few distinct label values (world size, local rank, GPU index) recur on every
-    # rank or GPU. (Rank numbers, all distinct, go through _int: a cache only churned.)
-    return _int(text) or 0
-
-
 def _loaders(
     keys: Sequence[Any],
     loaders: Mapping[Any, Mapping[str, str]],
@@ -332,9 +250,9 @@ def _loaders(
             configs[key] = LoaderConfig(
                 num_workers=int(workers),
                 pin_memory=pin == "true",
-                prefetch_factor=_int(prefetch),
+                prefetch_factor=int_label(prefetch),
                 persistent_workers=persistent == "true",
-                batch_size=_int(batch),
+                batch_size=int_label(batch),
                 drop_last=False,
                 sampler="",
             )
@@ -365,7 +283,7 @@ def _identities(
     GPUs they own and their configured workers, which change when a job restarts, not from one
     evaluation to the next)."""
     inputs = (layout, loader_info.labels, owned, config_workers)
-    kept = _LAST.get("identities", inputs)
+    kept = LAST.get("identities", inputs)
     if kept is not None:
         return kept
     loaders = dict(zip(RANK.all(loader_info), loader_info.labels, strict=True))
@@ -376,7 +294,7 @@ def _identities(
         devices=list(map(attrgetter("device"), infos)),
         loaders=list(map(attrgetter("loader"), infos)),
     )
-    _LAST.keep("identities", inputs, found)
+    LAST.keep("identities", inputs, found)
     return found
 
 
@@ -400,8 +318,8 @@ def _rank_infos(
         RankInfo,
         {
             "rank": layout.numbers,
-            "world_size": list(map(_int_or_0, label("world_size", ""))),
-            "local_rank": list(map(_int_or_0, label("local_rank", ""))),
+            "world_size": list(map(int_label_or_0, label("world_size", ""))),
+            "local_rank": list(map(int_label_or_0, label("local_rank", ""))),
             "host": label("node", ""),
             "pid": [0] * n,
             "device": label("device", "cpu"),
@@ -611,221 +529,14 @@ def _gpus_and_owners(
     answers: Answers, wanted: Collection[str] | None
 ) -> tuple[_Gpus, dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]]]:
     """:func:`gpu_stats`, and the GPUs each rank owns by its labels (:func:`_owned`): kept
-    while the same GPUs answered with the same labels (:data:`_LAST`)."""
-    found, used = _all_gpus(answers, wanted)
+    while the same GPUs answered with the same labels (:data:`LAST`)."""
+    found, used = all_gpus(answers, wanted)
     # The owners depend on the GPUs' labels (their identities, kept: the same objects while
     # the labels are) and on which GPUs answered.
     inputs = (used, tuple(found))
-    owned = _LAST.get("owned", inputs)
+    owned = LAST.get("owned", inputs)
     if owned is None:
         owned = _owned(found)
         if all(u.kept for u in used):
-            _LAST.keep("owned", inputs, owned)
+            LAST.keep("owned", inputs, owned)
     return _Gpus(found), owned
-
-
-def gpu_stats(
-    answers: Answers, wanted: Collection[str] | None = None
-) -> dict[str, tuple[DeviceStats, str, str]]:
-    """Every GPU that answered in the window (see :func:`_gpu_stats`), from the auditor's own
-    monitors and from dcgm-exporter (answers prefixed :data:`~.promqueries.DCGM`): a GPU both
-    export is read from the monitors. dcgm-exporter's GPUs take their job, rank and node from the
-    rank that reported using them (``auditor_gpu_owner_info``, joined by UUID)."""
-    return _all_gpus(answers, wanted)[0]
-
-
-def _all_gpus(
-    answers: Answers, wanted: Collection[str] | None
-) -> tuple[dict[str, tuple[DeviceStats, str, str]], tuple[_GpuIdentity, ...]]:
-    """:func:`gpu_stats`, and the identities of each source's GPUs it read."""
-    out, monitors = _gpu_stats(answers, wanted)
-    used: tuple[_GpuIdentity, ...] = (monitors,)
-    if as_vector(answers.get(DCGM + "gpu_up")).labels:
-        owners: dict[str, Mapping[str, str]] = {}
-        for series in as_vector(answers.get(DCGM + "gpu_owner")).labels:
-            uuid = series.get("uuid", "")
-            had = owners.get(uuid)
-            # Two ranks naming one GPU: the lowest rank owns it, as the node agent decides.
-            if uuid and (had is None or _int_or_0(series.get("rank")) < _int_or_0(had.get("rank"))):
-                owners[uuid] = series
-        dcgm, exporter = _gpu_stats(answers, wanted, prefix=DCGM, owners=owners)
-        used += (exporter,)
-        for uuid, found in dcgm.items():
-            out.setdefault(uuid, found)
-    return out, used
-
-
-def _gpu_stats(
-    answers: Answers,
-    wanted: Collection[str] | None = None,
-    *,
-    prefix: str = "",
-    owners: Mapping[str, Mapping[str, str]] | None = None,
-) -> tuple[dict[str, tuple[DeviceStats, str, str]], _GpuIdentity]:
-    """Every GPU that answered in the window: its figures, owning job and rank ("" if none),
-    and the identity of the GPUs read (:func:`_gpu_identity`); with ``wanted``, only the GPUs
-    of those jobs and the GPUs no job owns. ``prefix``: whose answers
-    (:data:`~.promqueries.DCGM`: dcgm-exporter's); ``owners``: the owning rank's labels (job,
-    rank, node) by UUID, for a source whose series do not carry them.
-
-    A GPU whose monitor never answered (``sum_over_time(auditor_gpu_up)`` 0) is left out: a
-    missing GPU must not read as an idle one.
-    """
-    up = as_vector(answers.get(prefix + "gpu_up"))
-    known = _gpu_identity(up, wanted, owners)
-    identity, by_gpu = known.labels, known.columns
-    v = {key: by_gpu.column(as_vector(answers.get(prefix + key))) for key in GPU_FIGURES}
-    clock_max = v["gpu_sm_clock_max"]
-    peak = as_vector(answers.get(prefix + "gpu_sm_clock_peak"))
-    if len(peak.values) and np.isnan(clock_max).any():
-        # No maximum exported (dcgm-exporter's default fields): the highest SM clock a GPU of the
-        # same model reached in the last hour stands for it, so a GPU clocked below its peers'
-        # still reads low.
-        top = dict(zip(peak.label(MODEL), peak.values.tolist(), strict=True))
-        models = known.models
-        fill = np.array([top.get(m, np.nan) for m in models], dtype=np.float64) * _MHZ
-        clock_max = np.where(np.isnan(clock_max), fill, clock_max)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        used, total = v["gpu_mem_used"], v["gpu_mem_total"]
-        clock = v["gpu_sm_clock"]
-        # x / y where both are known and y is not 0 (nor NaN), else None.
-        mem_ratio = optional(np.where(total != 0, used / total, np.nan))
-        clock_ratio = optional(np.where(clock_max != 0, clock / clock_max, np.nan))
-    # Every figure as one list over the GPUs, by DeviceStats field; each GPU's fields are then
-    # one dict(zip(...)) (C-level), not a dict built field by field.
-    figures: dict[str, list[Any]] = {
-        "samples": rounded(v["gpu_samples"], 0),
-        "lost": (v["gpu_lost"] == 1).tolist(),
-        "span_s": [max(0.0, x) if x == x else 0.0 for x in v["gpu_span"].tolist()],
-    }
-    for field, key in (
-        ("gpu_util", "gpu_util"),
-        ("mem_used_bytes", "gpu_mem_used"),
-        ("mem_trend_bytes_per_s", "gpu_mem_trend"),
-        ("mem_recent_trend_bytes_per_s", "gpu_mem_recent"),
-        ("temperature_c", "gpu_temperature"),
-        ("power_w", "gpu_power"),
-        ("power_limit_w", "gpu_power_limit"),
-    ):
-        figures[field] = optional(v[key])
-    figures["sm_clock_mhz"] = optional(clock / _MHZ)
-    figures["sm_clock_max_mhz"] = optional(clock_max / _MHZ)
-    for field, key in (
-        ("mem_used_max_bytes", "gpu_mem_used_max"),
-        ("mem_total_bytes", "gpu_mem_total"),
-        ("pcie_gen", "gpu_pcie_gen"),
-        ("pcie_gen_max", "gpu_pcie_gen_max"),
-        ("pcie_width", "gpu_pcie_width"),
-        ("pcie_width_max", "gpu_pcie_width_max"),
-    ):
-        figures[field] = optional_ints(v[key])
-    figures["mem_ratio"] = mem_ratio
-    figures["sm_clock_ratio"] = clock_ratio
-    throttle: dict[str, dict[str, float]] = defaultdict(dict)
-    answer = as_vector(answers.get(prefix + "gpu_throttle"))
-    for labels, value in zip(answer.labels, answer.values.tolist(), strict=True):
-        if value == value:
-            throttle[labels.get("uuid", "")][labels.get("reason", "other")] = value
-    # GPUs whose driver reports reasons at all: the others' throttle share is unknown, not 0.
-    at = by_gpu.rows(as_vector(answers.get(prefix + "gpu_throttle_read")))
-    read = np.zeros(len(identity), dtype=bool)
-    read[at[at >= 0]] = True
-    share = np.where(read, 0.0, np.nan)
-    ordered: dict[str, tuple[str, ...]] = {}
-    for uuid, mine in throttle.items():
-        i = by_gpu.index.get(uuid)
-        if i is None:
-            continue
-        reasons = {r: x for r, x in mine.items() if r not in IDLE_REASONS}
-        if read[i]:
-            share[i] = max(reasons.values(), default=0.0)
-        ordered[uuid] = tuple(
-            sorted((r for r, x in reasons.items() if x > 0), key=lambda r: -reasons[r])
-        )
-
-    uuids = known.uuids
-    count = len(uuids)
-    figures |= {
-        "uuid": uuids,
-        "node": known.nodes,
-        "index": known.indexes,
-        "model": known.models,
-        "throttle_share": optional(share),
-        "throttle_reasons": [ordered.get(u, ()) for u in uuids] if ordered else [()] * count,
-        "process_count": [0] * count,  # no rule reads it; the dashboards have auditor_gpu_processes
-        "processes": [()] * count,
-    }
-    jobs, ranks = known.jobs, known.ranks
-    samples = v["gpu_samples"]
-    answered = np.isfinite(samples) & (samples > 0.5)  # "samples" (rounded) at least 1
-    if not answered.all():
-        keep = answered.tolist()
-        figures = {k: list(compress(v, keep)) for k, v in figures.items()}
-        uuids, jobs, ranks = (list(compress(v, keep)) for v in (uuids, jobs, ranks))
-    stats = from_columns(DeviceStats, figures)
-    return dict(zip(uuids, zip(stats, jobs, ranks, strict=True), strict=True)), known
-
-
-@dataclass(frozen=True, eq=False)
-class _GpuIdentity:
-    """The GPUs that answered ``gpu_up`` (of the jobs wanted, and of none), in its order: their
-    labels by UUID, the answers' columns over them, and their labels as columns. ``kept``:
-    reusable by the next evaluation (its inputs were the client's shared labels)."""
-
-    labels: dict[str, Mapping[str, str]]
-    columns: Columns
-    uuids: list[str]
-    nodes: list[str]
-    indexes: list[int]
-    models: list[str]
-    jobs: list[str]
-    ranks: list[str]
-    kept: bool
-
-
-def _gpu_identity(
-    up: Vector, wanted: Collection[str] | None, owners: Mapping[str, Mapping[str, str]] | None
-) -> _GpuIdentity:
-    """The GPUs that answered ``gpu_up``, with their owner's labels where the source's series do
-    not carry them (``owners``); kept while the labels are the same (:data:`_LAST`)."""
-    inputs = (up.labels, wanted, owners or {})
-    kept = _LAST.get("gpus" if owners is None else "dcgm_gpus", inputs)
-    if kept is not None:
-        return kept
-    identity: dict[str, Mapping[str, str]] = {}
-    uuids = GPU.all(up)
-    if not owners and "" not in uuids and len(set(uuids)) == len(uuids):
-        # The usual answer: a series per GPU, nothing to join (built in C).
-        identity.update(zip(uuids, up.labels, strict=True))
-    for series in () if identity else up.labels:
-        uuid = series.get("uuid", "")
-        owner = (owners or {}).get(uuid)
-        if owner is not None and not series.get(C.JOB_LABEL):
-            series = {**series, **owner}
-        # A GPU that changed owner in the window has a series per owner; an owner beats none.
-        if uuid and (uuid not in identity or series.get(C.JOB_LABEL)):
-            identity[uuid] = series
-    if wanted is not None:
-        identity = {
-            u: x
-            for u, x in identity.items()
-            if x.get(C.JOB_LABEL, "") in wanted or not x.get(C.JOB_LABEL)
-        }
-    identities = list(identity.values())
-
-    def label(name: str) -> list[str]:
-        return list(map(methodcaller("get", name, ""), identities))
-
-    found = _GpuIdentity(
-        labels=identity,
-        columns=Columns({uuid: i for i, uuid in enumerate(identity)}, GPU),
-        uuids=list(identity),
-        nodes=label("node"),
-        indexes=list(map(_int_or_0, label("gpu"))),
-        models=label("model"),
-        jobs=label(C.JOB_LABEL),
-        ranks=label("rank"),
-        kept=type(up.labels) is tuple,
-    )
-    _LAST.keep("gpus" if owners is None else "dcgm_gpus", inputs, found)
-    return found
