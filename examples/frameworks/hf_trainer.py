@@ -74,6 +74,9 @@ def main() -> None:
     result = Trainer(model=model, args=training, train_dataset=data).train()
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"trained {result.global_step} steps", flush=True)
+    # The Trainer leaves the process group up; gloo can abort at exit when it is not taken down.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

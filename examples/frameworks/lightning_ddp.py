@@ -86,6 +86,9 @@ def main() -> None:
     # Under ddp_spawn the ranks trained in spawned processes: this one only launched them.
     if trainer.global_rank == 0:
         print("fit done", flush=True)
+    # Lightning leaves the process group up; gloo can abort at exit when it is not taken down.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
