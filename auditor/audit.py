@@ -26,9 +26,12 @@ from auditor.analysis.spread import (
     Key,
     capped_at,
     host_ceiling,
+    job_pace,
     key,
+    pace_spread,
     part_bounds,
     with_ceiling,
+    with_pace,
     with_ranges,
 )
 from auditor.report.json_report import make_report
@@ -275,8 +278,9 @@ class Audit:
         if self.store.ranks:
             self.judge_snapshot(snap)
             since = self._judge_latest_segment(snap)
-            self._with_ranges(snap, since)
+            spread = self._with_ranges(snap, since)
             self._no_faster_than_before(snap)
+            self.findings = with_pace(self.findings, spread)
         return snap, list(self.findings)
 
     def _no_faster_than_before(self, whole: Snapshot) -> None:
@@ -306,24 +310,30 @@ class Audit:
         capped = {key(f): capped_at(f, cap, change.step) for f in over if key(f) not in had}
         self.findings = [capped.get(key(f), f) for f in self.findings]
 
-    def _with_ranges(self, whole: Snapshot, since: float | None) -> None:
+    def _with_ranges(self, whole: Snapshot, since: float | None) -> dict[Key, float]:
         """Each predicted speed-up with its range (:mod:`auditor.analysis.spread`): the rules
         on each part of the window its finding was judged on, the whole window or, for a
         finding marked ``since_step``, the segment since the change (starting at ``since``);
-        its low end no higher than the hosts' CPUs allow (:func:`host_ceiling`)."""
+        its low end no higher than the hosts' CPUs allow (:func:`host_ceiling`). Returns the
+        job's pace spread over the parts that found each ranged finding (:func:`pace_spread`),
+        for :func:`with_pace` once every cap is in."""
+        spread: dict[Key, float] = {}
         if not any(f.predicted_speedup is not None for f in self.findings):
-            return
+            return spread
 
         def ranged(found: list[Finding], start: float) -> list[Finding]:
             left = {key(f) for f in found if f.predicted_speedup is not None}
             for parts in PARTS:  # quarters, then halves for what quarters were too short for
                 if not left:
                     break
-                judged = [
-                    judge(self.store.snapshot(hi, hi - lo), self.overrides).findings
+                snaps = [
+                    self.store.snapshot(hi, hi - lo)
                     for lo, hi in part_bounds(start, whole.end, parts)
                 ]
+                judged = [judge(s, self.overrides).findings for s in snaps]
                 found, done = with_ranges(found, judged, only=left)
+                paces = pace_spread(judged, [job_pace(s) for s in snaps])
+                spread.update((k, q) for k, q in paces.items() if k in done)
                 left -= done
             return found
 
@@ -333,6 +343,7 @@ class Audit:
             segment = ranged(segment, since)
         ranged_all = with_ceiling(rest + segment, host_ceiling(whole))
         self.findings = sorted(ranged_all, key=finding_order)
+        return spread
 
     def _judge_latest_segment(self, whole: Snapshot) -> float | None:
         """Where the run changed for good (a ``slowdown`` found), the steps since the latest

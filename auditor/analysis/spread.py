@@ -23,6 +23,12 @@ pace at best (:func:`capped_at`, applied by :meth:`auditor.audit.Audit.final` to
 steps before N do not have). The model reads the slow steps, which run cheaper than the job will
 once every rank works again: a starved rank's peer computes alone on a shared host.
 
+A re-run does not keep the pace of the run it follows, even with nothing changed: the same job
+on the same host steps faster in one minute than the next. So the range also holds the job's
+own pace as it moved over the parts that found the finding (:func:`pace_spread`: the slowest
+part's step over the fastest's): its low end divided by it, its high end multiplied, after the
+cap above (:func:`with_pace`). What one run measured cannot be surer than the run is steady.
+
 What the range does not hold: an error of the model beyond these (a fix that costs something
 the run never measured). The fault benchmark (``bench/faults.py``) reports, per case, whether
 the achieved speed-up fell inside the range, so that error shows where it is.
@@ -30,9 +36,10 @@ the achieved speed-up fell inside the range, so that error shows where it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from .advisor import job_step_s
 from .findings import Finding
 from .snapshot import Snapshot
 
@@ -41,6 +48,8 @@ from .snapshot import Snapshot
 PARTS = (4, 2)
 # Parts that must have predicted a speed-up for the finding before its range is given.
 MIN_PARTS = 2
+# Steps a rank needs in a part before the part's pace counts (the rules' usual least).
+PACE_MIN_STEPS = 8
 
 Key = tuple[str, tuple[int, ...], tuple[str, ...]]
 
@@ -93,6 +102,50 @@ def with_ranges(
     if only is not None:
         ranged &= only
     return [widened(f, seen[key(f)]) if key(f) in ranged else f for f in findings], ranged
+
+
+def job_pace(snapshot: Snapshot) -> float | None:
+    """The job's step time in ``snapshot`` under the barrier model (the slowest rank's local
+    time at its pace, and the least wait); None where no rank has the steps to say."""
+    stats = snapshot.ready(PACE_MIN_STEPS)
+    step = job_step_s(stats) if stats else 0.0
+    return step if step > 0 else None
+
+
+def pace_spread(
+    parts: Sequence[Sequence[Finding]], paces: Sequence[float | None]
+) -> dict[Key, float]:
+    """Per finding that at least two parts found with a pace: the slowest of those parts' job
+    step over the fastest's (1.0: the pace held)."""
+    seen: dict[Key, list[float]] = {}
+    for found, pace in zip(parts, paces, strict=True):
+        if pace is None:
+            continue
+        for f in found:
+            if f.predicted_speedup is not None:
+                seen.setdefault(key(f), []).append(pace)
+    return {k: max(p) / min(p) for k, p in seen.items() if len(p) >= 2}
+
+
+def with_pace(findings: Sequence[Finding], spread: Mapping[Key, float]) -> list[Finding]:
+    """``findings`` with a range whose ends reach out by the job's pace spread over the parts
+    that found them (:func:`pace_spread`; recorded as the evidence's ``pace_spread``), never
+    below 1.0; a finding without a range or a spread is returned as is."""
+    out = []
+    for f in findings:
+        q = spread.get(key(f))
+        if f.predicted_range is None or q is None or q <= 1.0:
+            out.append(f)
+            continue
+        lo, hi = f.predicted_range
+        out.append(
+            replace(
+                f,
+                predicted_range=(max(1.0, lo / q), hi * q),
+                evidence={**f.evidence, "pace_spread": round(q, 3)},
+            )
+        )
+    return out
 
 
 def host_ceiling(snapshot: Snapshot) -> float | None:

@@ -128,10 +128,30 @@ def test_io_bound_loading_gets_workers_that_hide_the_wait(
 def test_io_bound_speedup_is_the_wait_hidden() -> None:
     # With 3 workers a batch arrives every 160 / 3 = 53 ms < 95 ms of work: the wait drops to
     # the peer's 1 ms. Barrier model: before 160 + 95 + 4 = 259 ms; after 1 + 95 + 4 = 100 ms.
-    f = _only(RULE(_starved_cpu_job(cpu_share=0.03)))
+    # The host has a core to spare: two ranks' 95 ms of work and 5 ms of loading fit in 100 ms.
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.03, nodes=TWO_CORES_ONE_IDLE)))
     assert f.predicted_speedup == pytest.approx(259 / 100, rel=0.03)
     assert f.severity == "critical"
     assert [fix.speedup for fix in f.fixes] == [f.predicted_speedup] * 2
+    bound = f.evidence["host_bound"]
+    assert isinstance(bound, dict) and bound["step_ms"] < 100
+    assert f.predicted_range is None  # the host's cores allow it
+
+
+def test_a_saturated_host_bounds_the_speedup_by_its_cores() -> None:
+    # The same job on a host whose 2 cores are busy: the ranks' processes explain 0.95 + 0.6
+    # cores, 0.45 more is something else's and stays. Fed, rank 1 works as rank 0 does (95 ms
+    # of CPU a step, not the 0.95 x 259 ms rank 0 spends polling while it waits) and its
+    # loading costs 3% of 160 ms: 194.8 ms of CPU a step on 1.55 cores, at least 125.7 ms.
+    # The range reaches down to it; the point stays the barrier model's (the 0.45 cores may not
+    # stay busy).
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.03)))
+    bound = f.evidence["host_bound"]
+    assert isinstance(bound, dict)
+    assert bound["cpu_per_step_ms"] == pytest.approx(95 + 95 + 4.8, rel=0.02)
+    assert bound["cores"] == pytest.approx(1.55, abs=0.01)
+    assert f.predicted_speedup == pytest.approx(259 / 100, rel=0.03)
+    assert f.predicted_range == pytest.approx((259 / (194.8 / 1.55), f.predicted_speedup), rel=0.03)
 
 
 def test_io_bound_memory_evidence_names_the_basis() -> None:

@@ -9,7 +9,14 @@ import pytest
 
 from auditor.analysis.findings import Finding
 from auditor.analysis.snapshot import SampleStore
-from auditor.analysis.spread import host_ceiling, part_bounds, with_ceiling, with_ranges
+from auditor.analysis.spread import (
+    host_ceiling,
+    pace_spread,
+    part_bounds,
+    with_ceiling,
+    with_pace,
+    with_ranges,
+)
 from auditor.audit import Audit
 from auditor.report.phrasing import phrase
 from tests.helpers.jobs import JobBuilder, NodeSpec, balanced, forward_straggler, with_rank
@@ -127,6 +134,24 @@ def test_the_busiest_hosts_cores_over_its_busy_cores(busy: float, ceiling: float
     assert host_ceiling(replace(snap, nodes=())) is None  # no host sampled: no ceiling
 
 
+def test_a_range_reaches_out_as_far_as_the_jobs_pace_moved_over_the_parts() -> None:
+    # Three parts found the stall, at job steps of 100, 104 and 110 ms: a re-run can step
+    # 1.1x faster or slower than this one, so the range (1.8, 2.4) reaches to (1.8/1.1, 2.4x1.1).
+    # The part that did not find it, and the one without a pace, say nothing.
+    parts = [[finding(2.0)], [finding(2.4)], [finding(1.8)], [], [finding(2.2)]]
+    spread = pace_spread(parts, [0.100, 0.104, 0.110, 0.050, None])
+    assert spread == {("stall", (2,), ()): pytest.approx(1.1)}
+    (ranged,) = with_ranges([finding(2.1)], parts)[0]
+    (f,) = with_pace([ranged], spread)
+    assert f.predicted_range == pytest.approx((1.8 / 1.1, 2.4 * 1.1))
+    assert f.evidence["pace_spread"] == 1.1
+    # Never below 1.0; no range or no spread: as it was.
+    low = replace(ranged, predicted_range=(1.02, 1.1))
+    assert with_pace([low], spread)[0].predicted_range == pytest.approx((1.0, 1.21))
+    assert with_pace([finding(2.1)], spread) == [finding(2.1)]
+    assert with_pace([ranged], {}) == [ranged]
+
+
 def test_a_busy_host_bounds_the_range_of_a_sleeping_straggler() -> None:
     """Rank 2 of 4 sleeps 40 ms more in its forward on a 2-core host 1.6 cores busy: removing
     the sleep leaves the CPU work, at most 2 / 1.6 = 1.25x faster."""
@@ -135,5 +160,8 @@ def test_a_busy_host_bounds_the_range_of_a_sleeping_straggler() -> None:
     f = straggler(audit_of(builder))
     assert f.predicted_speedup is not None and f.predicted_speedup > 1.25
     assert f.predicted_range is not None
-    assert f.predicted_range[0] == pytest.approx(1.25)
+    # The ceiling, and as far again as the job's own pace moved over the parts.
+    q = f.evidence.get("pace_spread", 1.0)
+    assert isinstance(q, float) and 1.0 <= q < 1.05
+    assert f.predicted_range[0] == pytest.approx(1.25 / q, rel=1e-3)  # q rounded to 3 places
     assert f.predicted_range[1] >= f.predicted_speedup

@@ -16,7 +16,7 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.rules import RULES, stall
 from auditor.analysis.rules.stall import Facts, Stall
 from auditor.analysis.snapshot import WARMUP_STEPS, RankView, SampleStore, Snapshot
-from auditor.samples import StepSample
+from auditor.samples import Batch, NodeCpu, StepSample
 from auditor.telemetry.recorded import read_recording
 from tests.helpers.jobs import balanced, ddp_snapshot, starved_rank3, with_rank
 from tests.helpers.stalls import StallSpec, stall_snapshot
@@ -64,8 +64,58 @@ def test_a_periodic_checkpoint_on_rank_0_is_named_with_its_period_and_share() ->
         ("checkpoint_async", 0, False, True),
         ("checkpoint_interval", 0, 5, interval),
     ]
-    assert all(x.speedup == f.predicted_speedup and x.answers == ("stall",) for x in f.fixes)
+    assert all(x.answers == ("stall",) for x in f.fixes)
+    # No host sampled: the save moved off the step costs the ranks nothing.
+    assert f.fixes[0].speedup == f.predicted_speedup
+    # Saving every ``interval`` steps keeps each save's cost once per interval.
+    rarer = (40 * STEP + 9.6) / (40 * STEP + 9.6 * 5 / interval)
+    assert f.fixes[1].speedup == pytest.approx(rarer, rel=0.05)
     assert f.evidence["per_rank"]["0"]["period_steps"] == 5
+
+
+def _busy_host(cores: float, busy: float) -> SampleStore:
+    store = SampleStore(job="test", warmup_steps=0)
+    host = balanced(2)[0].host
+    store.add(Batch(nodes=(NodeCpu(host, 1_000.0, cores, busy, busy),)))
+    return store
+
+
+@pytest.mark.parametrize(
+    ("cores", "busy", "taken"), [(2.0, 2.0, 0.5), (2.0, 1.5, 0.25), (8.0, 2.0, 0.0)]
+)
+def test_a_save_moved_off_the_step_still_takes_cpu_from_a_busy_host(
+    cores: float, busy: float, taken: float
+) -> None:
+    # Rank 0 saves 1.2 s every 5 steps. Moved to a thread, the save still needs a core: on a
+    # host whose 2 cores are busy it takes 1/2 of its work from the ranks (3 threads share 2
+    # cores), half that with half a core free, nothing with cores to spare.
+    spec = {0: StallSpec(1.2, every=5, first=3, name="checkpoint")}
+    snap = stall_snapshot(balanced(2), spec, steps=40, store=_busy_host(cores, busy))
+    f, _ = _one(stall.RULE(snap))
+    assert f.fixes[0].lever == "checkpoint_async"
+    left = 9.6 * taken
+    assert f.predicted_speedup == pytest.approx((40 * STEP + 9.6) / (40 * STEP + left), rel=0.05)
+
+
+def test_an_evaluation_spread_over_every_rank_leaves_each_its_share() -> None:
+    # Rank 0 of 4 evaluates 0.8 s every 8 steps; spread over 4 ranks each evaluates 0.2 s.
+    snap = stall_snapshot(balanced(4), {0: StallSpec(0.8, every=8, name="evaluation")}, steps=48)
+    f, _ = _one(stall.RULE(snap))
+    assert f.fixes[0].lever == "evaluation_on_all_ranks"
+    stalls = 6 * 0.8
+    assert f.predicted_speedup == pytest.approx(
+        (48 * STEP + stalls) / (48 * STEP + stalls / 4), rel=0.05
+    )
+
+
+def test_a_stall_that_began_midway_is_judged_on_the_steps_it_slows() -> None:
+    # Rank 1 pauses 0.5 s every 10 steps from step 60 of 120: the 70 steps since one period
+    # before the first pause hold all 6, and removing them gives back what they cost there,
+    # not the whole window's average (120 steps: 1.24x).
+    snap = stall_snapshot(balanced(2), {1: StallSpec(0.5, every=10, first=60)}, steps=120)
+    f, _ = _one(stall.RULE(snap))
+    assert f.evidence["since_stalls_began"] == 50
+    assert f.predicted_speedup == pytest.approx((70 * STEP + 3.0) / (70 * STEP), rel=0.05)
 
 
 def test_a_stall_inside_forward_is_waited_for_in_the_same_step() -> None:

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..advisor import Barrier
 from ..findings import Finding, severity_for
@@ -157,6 +157,11 @@ class Inputs:
     host_ranks: Mapping[str, tuple[int, ...]]
     idle_cores: Mapping[str, float | None]
     available: Mapping[str, int | None]
+    # Every ready rank's main process CPU (cores) and its workers' (None: not sampled), and per
+    # host of the starved, its ``(cores, busy cores)``: what the host bound reads (_host_bound).
+    main_cpu: Mapping[int, float | None] = field(default_factory=dict)
+    worker_cpu: Mapping[int, float | None] = field(default_factory=dict)
+    host_cpu: Mapping[str, tuple[float, float] | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,9 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         host_ranks={h: tuple(hosts.get(h, ())) for h in shares},
         idle_cores={h: _idle_cores(snapshot, h) for h in shares},
         available={h: host_available_bytes(snapshot, h) for h in shares},
+        main_cpu={r: s.main_cpu for r, s in stats.items()},
+        worker_cpu={r: s.worker_cpu for r, s in stats.items()},
+        host_cpu={h: snapshot.host_cpu(h) for h in shares},
     )
 
 
@@ -351,12 +359,21 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         evidence["peers_collective_wait_ms"] = peers
     at_most = _barrier(i, seen).speedup(upper_local)
     speedup: float | None
+    predicted_range: tuple[float, float] | None = None
     if blind:
         speedup = None
         not_measured.insert(0, COLLECTIVE_WAIT)
         evidence["speedup_model"] = NOT_PREDICTED
     else:
-        speedup = _barrier(i, list(i.wait_ratio)).speedup(new_local)
+        barrier = _barrier(i, list(i.wait_ratio))
+        speedup = barrier.speedup(new_local)
+        bound = _host_bound(i, is_starved, plans, t.cheaper_factor)
+        if bound is not None:
+            evidence["host_bound"] = bound.evidence()
+            after, before = barrier.step_s(new_local), barrier.step_s()
+            if bound.step_s > after > 0:
+                low = max(1.0, before / bound.step_s)
+                predicted_range = (min(low, speedup), speedup)
     if not_measured:
         evidence["not_measured"] = not_measured
 
@@ -381,6 +398,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             facts=facts,
             evidence=evidence,
             predicted_speedup=speedup,
+            predicted_range=predicted_range,
             fixes=tuple(fix for r, rank in ranks.items() for fix in _fixes(r, rank, speedup)),
         )
     ]
@@ -511,6 +529,84 @@ def _cheaper_wait(wait_s: float, work_s: float, cost: LoadingCost, factor: float
     if cost.workers == 0:
         return min(wait_s, load)  # the main process loads while the rank waits
     return min(wait_s, max(0.0, load / cost.workers - work_s))
+
+
+@dataclass(frozen=True)
+class HostBound:
+    """The least step a host's cores allow once its starved ranks are fed: the CPU-seconds a
+    step needs there (``cpu_s``: every rank's work and the loading) over the cores the rest of
+    the host leaves (``cores``). Where it is longer than the barrier model's step, the
+    prediction's range reaches down to it: the point stays the barrier model's, since what
+    else keeps a host busy (the unexplained part of its busy cores) may not stay."""
+
+    host: str
+    cpu_s: float
+    cores: float
+
+    @property
+    def step_s(self) -> float:
+        return self.cpu_s / self.cores
+
+    def evidence(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "cpu_per_step_ms": round(self.cpu_s * 1e3, 1),
+            "cores": round(self.cores, 2),
+            "step_ms": round(self.step_s * 1e3, 1),
+        }
+
+
+def _host_bound(
+    i: Inputs, starved: set[int], plans: Mapping[int, _Plan], cheaper_factor: float
+) -> HostBound | None:
+    """The tightest :class:`HostBound` of the starved ranks' hosts: a fed rank does as much CPU
+    work per step as its fed peers do now (:func:`_work_cpu`), its
+    loading costs the CPU per step it was measured to (a cheaper loading its share of it), and
+    what else keeps the host busy stays. A host cannot do more CPU-seconds a second than it has
+    cores, however well its ranks are fed: where the workers' CPU and a rank that computes
+    again outgrow the cores that sat idle while it waited, the step is at least this long.
+    None where a figure it needs was not measured (no host sample, no fed rank's CPU)."""
+    fed = {
+        r: _work_cpu(cpu, i.step_s[r], i.work_s[r])
+        for r, cpu in i.main_cpu.items()
+        if r not in starved and cpu is not None and i.step_s[r] > 0
+    }
+    if not fed:
+        return None
+    work = statistics.median(fed.values())
+    bounds = []
+    for host, cpu in i.host_cpu.items():
+        if cpu is None:
+            continue
+        cores, busy = cpu
+        ranks = i.host_ranks.get(host, ())
+        need = 0.0
+        explained = 0.0
+        for q in ranks:
+            main, workers = i.main_cpu.get(q), i.worker_cpu.get(q)
+            if main is None:
+                break
+            explained += main + (workers or 0.0)
+            if q not in starved:
+                need += fed[q]
+                continue
+            loading = i.cost[q].cpu_s
+            if loading is None:
+                break
+            cheaper = plans[q].workers is None
+            need += work + (loading / cheaper_factor if cheaper else loading)
+        else:
+            room = cores - max(0.0, busy - explained)
+            if need > 0 and room > 0:
+                bounds.append(HostBound(host, need, room))
+    return max(bounds, key=lambda b: b.step_s, default=None)
+
+
+def _work_cpu(main: float, step_s: float, work_s: float) -> float:
+    """A fed rank's CPU-seconds per step of its own work: its main process's cores over the
+    step, at most its own work's time (the CPU it spends waiting at a collective, polling, does
+    not scale with the step; a rank whose work runs on several threads is counted at one)."""
+    return min(main * step_s, work_s)
 
 
 def _without_blind(ranks: list[int], blind: list[int]) -> list[int]:

@@ -55,8 +55,12 @@ read as work: the rule stays silent. Unnamed stalls of a rank whose host is over
 (cpu_oversubscription explains it) are that finding's, not a stall's. ``auditor serve``'s
 samples are per-scrape means (``count`` > 1) that hold no single step: silent there too.
 
-Speed-up: the barrier model (:class:`~auditor.analysis.advisor.Barrier`) over the window's mean
-local time per step, the blamed ranks' without their spikes' excess.
+Speed-up: the barrier model (:class:`~auditor.analysis.advisor.Barrier`) over the mean local
+time per step since the stalls began (one period before the first: a stall that began midway
+is judged against the steps it slows), each blamed rank's lever moved: unnamed work and logging
+gone; an evaluation spread over every rank, each carrying its share; a save moved off the step
+still taking from the ranks what a CPU-bound thread takes from a host whose cores are busy. A
+longer checkpoint interval gets its own figure: each save's cost once per interval.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 
 from ..advisor import Barrier
@@ -144,9 +148,11 @@ class RankSteps:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Each ready rank's steps in the window."""
+    """Each ready rank's steps in the window, and its host's ``(cores, busy cores)`` where the
+    host was sampled (what a save moved off the step still takes from the ranks there)."""
 
     ranks: Mapping[int, RankSteps]
+    host_cpu: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,11 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         # Cheap screen (decide's threshold): a rank whose largest step is no spike has none.
         floor = max(t.min_spike_ratio * statistics.median(step_s), t.min_spike_s)
         spiking = spiking or max(work) - statistics.median(work) >= floor
-    return Inputs(ranks) if spiking else None
+    if not spiking:
+        return None
+    cpu = {h: snapshot.host_cpu(h) for h in {views[r].info.host for r in ranks}}
+    host_cpu = {r: c for r in ranks if (c := cpu[views[r].info.host]) is not None}
+    return Inputs(ranks, host_cpu)
 
 
 # A step's figures in the order measure reads them (sorted by step number).
@@ -428,26 +438,37 @@ def _blame(
     stalls: Mapping[int, Stall], occs: Mapping[int, Sequence[_Occurrence]], i: Inputs
 ) -> Finding:
     """One finding naming every stalling rank, with each one's lever and the barrier model's
-    speed-up if no rank stalled."""
-    local = {r: (sum(rs.step_s) - sum(rs.wait_s)) / len(rs.step) for r, rs in i.ranks.items()}
-    floor = min(sum(rs.wait_s) / len(rs.step) for rs in i.ranks.values())
-    barrier = Barrier(local, floor)
-    new_local = {
-        r: local[r] - sum(o.excess[r] for o in occs[r]) / len(i.ranks[r].step) for r in stalls
-    }
-    speedup = barrier.speedup(new_local)
+    speed-up once each rank's lever is moved (:func:`_after`), over the steps since the stalls
+    began (:func:`_since`): a stall that began midway is judged against the steps it slows,
+    not diluted by the steps before it."""
+    since = _since(stalls, occs)
+    kept = {r: [n for n, k in enumerate(rs.step) if k >= since] for r, rs in i.ranks.items()}
+    local: dict[int, float] = {}
+    waits: dict[int, float] = {}
+    for r, rs in i.ranks.items():
+        n = len(kept[r]) or 1
+        waits[r] = sum(rs.wait_s[x] for x in kept[r]) / n
+        local[r] = sum(rs.step_s[x] for x in kept[r]) / n - waits[r]
+    barrier = Barrier(local, min(waits.values()))
+    excess = {r: sum(o.excess[r] for o in occs[r]) / (len(kept[r]) or 1) for r in stalls}
+    levers = {r: LEVER_OF.get(s.work or "", "rank_work") for r, s in stalls.items()}
+    speedup = barrier.speedup(_after(local, excess, levers, i.host_cpu))
     fixes: list[Fix] = []
     for r, stall in sorted(stalls.items()):
-        lever = LEVER_OF.get(stall.work or "", "rank_work")
+        lever = levers[r]
         current, proposed = (None, None) if lever == "rank_work" else (False, True)
         fixes.append(Fix(lever, r, current, proposed, speedup, (KIND,)))
-        if stall.interval is not None:
+        if stall.interval is not None and stall.period is not None:
+            # Saving less often keeps each save's cost, once in ``interval`` steps.
+            rarer = {r: excess[r] * stall.period / stall.interval}
+            alone = barrier.speedup({r: local[r] - excess[r] + rarer[r]})
             fixes.append(
-                Fix("checkpoint_interval", r, stall.period, stall.interval, speedup, (KIND,))
+                Fix("checkpoint_interval", r, stall.period, stall.interval, alone, (KIND,))
             )
     evidence = {
         "per_rank": {str(r): _evidence(s) for r, s in sorted(stalls.items())},
         "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
+        "since_stalls_began": since,
     }
     return Finding(
         kind=KIND,
@@ -458,6 +479,61 @@ def _blame(
         predicted_speedup=speedup,
         fixes=tuple(fixes),
     )
+
+
+def _since(stalls: Mapping[int, Stall], occs: Mapping[int, Sequence[_Occurrence]]) -> int:
+    """The first step of the stalls' regime: one period (or the median gap between them)
+    before the first; every step where no stall came yet."""
+    first = min(o.step for r in stalls for o in occs[r])
+    gaps = [
+        s.period
+        if s.period is not None
+        else statistics.median(b - a for a, b in itertools.pairwise(s.steps))
+        for s in stalls.values()
+        if len(s.steps) > 1
+    ]
+    return first - math.ceil(max(gaps, default=0))
+
+
+def _after(
+    local: Mapping[int, float],
+    excess: Mapping[int, float],
+    levers: Mapping[int, str],
+    host_cpu: Mapping[int, tuple[float, float]],
+) -> dict[int, float]:
+    """Each rank's local time per step once each stalling rank's lever is moved:
+
+    * an evaluation spread over every rank leaves each rank its share of it;
+    * a save moved off the step (``checkpoint_async``) still does its work on the host: where
+      the host's cores are busy, it takes from the ranks there what a CPU-bound thread takes
+      (:func:`_taken`);
+    * any other work (unnamed, logging) is gone."""
+    out = dict(local)
+    for r, x in excess.items():
+        lever = levers[r]
+        if lever == "evaluation_on_all_ranks":
+            share = x / len(local)
+            for q in out:
+                out[q] += share
+            out[r] -= x
+        elif lever == "checkpoint_async":
+            out[r] -= x * (1.0 - _taken(host_cpu.get(r)))
+        else:
+            out[r] -= x
+    return out
+
+
+def _taken(cpu: tuple[float, float] | None) -> float:
+    """The share of a CPU-bound thread's work its host's ranks lose when it runs beside them:
+    none where a core is free; with every core busy, one thread more among ``cores`` takes
+    ``1/cores`` of its work from them (the scheduler shares the cores evenly), and in between
+    in proportion. 0 where the host was not sampled."""
+    if cpu is None:
+        return 0.0
+    cores, busy = cpu
+    if cores <= 0:
+        return 0.0
+    return min(1.0, max(0.0, busy + 1.0 - cores)) / cores
 
 
 def _evidence(s: Stall) -> dict[str, object]:

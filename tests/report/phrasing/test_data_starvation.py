@@ -121,8 +121,9 @@ def test_io_bound_workers_in_words(nodes: dict, edit: object, thresholds: dict, 
 
 
 def test_io_bound_expectation() -> None:
+    # A saturated host: the range reaches down to what its cores allow.
     f = _only(RULE(_starved_cpu_job(cpu_share=0.03)))
-    assert phrase(f).fixes[1].endswith("expect about 2.6x")
+    assert phrase(f).fixes[1].endswith("expect 2.6x (2.1-2.6x)")
 
 
 def test_cheaper_loading_in_words() -> None:
