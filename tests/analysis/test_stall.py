@@ -81,14 +81,17 @@ def _busy_host(cores: float, busy: float) -> SampleStore:
 
 
 @pytest.mark.parametrize(
-    ("cores", "busy", "taken"), [(2.0, 2.0, 0.5), (2.0, 1.5, 0.25), (8.0, 2.0, 0.0)]
+    ("cores", "busy", "taken"),
+    [(2.0, 2.0, 0.5), (2.0, 0.8, 0.5), (4.0, 3.5, 0.125), (8.0, 2.0, 0.0)],
 )
 def test_a_save_moved_off_the_step_still_takes_cpu_from_a_busy_host(
     cores: float, busy: float, taken: float
 ) -> None:
     # Rank 0 saves 1.2 s every 5 steps. Moved to a thread, the save still needs a core: on a
     # host whose 2 cores are busy it takes 1/2 of its work from the ranks (3 threads share 2
-    # cores), half that with half a core free, nothing with cores to spare.
+    # cores). The window's busy cores understate a host whose ranks waited through the saves:
+    # each working rank keeps a core busy, so 0.8 busy cores of 2 count as 2. Half a core free
+    # of 4: an eighth; cores to spare: nothing.
     spec = {0: StallSpec(1.2, every=5, first=3, name="checkpoint")}
     snap = stall_snapshot(balanced(2), spec, steps=40, store=_busy_host(cores, busy))
     f, _ = _one(stall.RULE(snap))

@@ -148,8 +148,9 @@ class RankSteps:
 
 @dataclass(frozen=True)
 class Inputs:
-    """Each ready rank's steps in the window, and its host's ``(cores, busy cores)`` where the
-    host was sampled (what a save moved off the step still takes from the ranks there)."""
+    """Each ready rank's steps in the window, and its host's ``(cores, busy cores)`` while every
+    rank there works (:func:`_working`), where the host was sampled: what a save moved off the
+    step still takes from the ranks there."""
 
     ranks: Mapping[int, RankSteps]
     host_cpu: Mapping[int, tuple[float, float]] = field(default_factory=dict)
@@ -208,9 +209,20 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         spiking = spiking or max(work) - statistics.median(work) >= floor
     if not spiking:
         return None
-    cpu = {h: snapshot.host_cpu(h) for h in {views[r].info.host for r in ranks}}
-    host_cpu = {r: c for r in ranks if (c := cpu[views[r].info.host]) is not None}
+    hosts = snapshot.hosts()
+    cpu = {h: _working(snapshot.host_cpu(h), len(hosts.get(h, ()))) for h in hosts}
+    host_cpu = {r: c for r in ranks if (c := cpu.get(views[r].info.host)) is not None}
     return Inputs(ranks, host_cpu)
+
+
+def _working(cpu: tuple[float, float] | None, ranks: int) -> tuple[float, float] | None:
+    """A host's ``(cores, busy cores)`` while every rank on it works: at least a core per rank
+    (a stall leaves its peers waiting, idle, so the window's busy cores understate it), at most
+    its cores."""
+    if cpu is None:
+        return None
+    cores, busy = cpu
+    return cores, min(cores, max(busy, float(ranks)))
 
 
 # A step's figures in the order measure reads them (sorted by step number).
