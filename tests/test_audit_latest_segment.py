@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from auditor.audit import Audit
 from auditor.report.html import render_html
 from auditor.report.terminal import render_verdict
@@ -87,11 +89,15 @@ def test_a_fault_that_came_with_the_change_promises_no_more_than_the_pace_before
     assert starved.predicted_speedup == cap
     assert starved.evidence["speedup_capped"]["model"] > cap * 1.1
     assert starved.evidence["speedup_capped"]["before_step"] == slow.facts.step
-    # The range reaches past the cap only as far as the job's pace moved over the parts (the
-    # evidence's spread is rounded to 3 places).
+    # The range runs from the cap up to the model's figure (the pace before is measured too),
+    # each end reaching out as far as the job's pace moved over the parts (the evidence's
+    # spread is rounded to 3 places).
+    model = starved.evidence["speedup_capped"]["model"]
     q = starved.evidence.get("pace_spread", 1.0)
     assert starved.predicted_range is not None
-    assert starved.predicted_range[1] <= cap * (q + 5e-4)
+    lo, hi = starved.predicted_range
+    assert lo <= cap / (q - 5e-4)
+    assert hi == pytest.approx(model * q, rel=1e-3)
     assert all(x.speedup == cap for x in starved.fixes if x.speedup is not None)
 
 

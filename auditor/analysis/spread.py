@@ -19,9 +19,11 @@ do better: the barrier model's figure stays the prediction).
 
 A run that turned slow for good (a ``slowdown`` at step N) also bounds the findings that came
 with the change: the steps before N ran without the fault, so its fix takes the job back to that
-pace at best (:func:`capped_at`, applied by :meth:`auditor.audit.Audit.final` to findings the
-steps before N do not have). The model reads the slow steps, which run cheaper than the job will
-once every rank works again: a starved rank's peer computes alone on a shared host.
+pace, the prediction (:func:`capped_at`, applied by :meth:`auditor.audit.Audit.final` to
+findings the steps before N do not have). The model reads the slow steps, which run cheaper than
+the job will once every rank works again: a starved rank's peer computes alone on a shared host.
+The model's own figure stays the range's high end: the pace before is measured too, on a
+stretch of the run, and a fix may do more than undo the fault.
 
 A re-run does not keep the pace of the run it follows, even with nothing changed: the same job
 on the same host steps faster in one minute than the next. So the range also holds the job's
@@ -175,17 +177,20 @@ def with_ceiling(findings: Sequence[Finding], ceiling: float | None) -> list[Fin
 
 
 def capped_at(f: Finding, cap: float, step: int) -> Finding:
-    """``f`` promising at most ``cap`` (the job's step now over its step before the change at
-    ``step``), its range and its fixes' speed-ups no higher; the evidence keeps what the model
-    gave (``speedup_capped``)."""
+    """``f`` promising ``cap`` (the job's step now over its step before the change at
+    ``step``) where its model promised more, its fixes' speed-ups no higher; its range from the
+    lower of its low end and the cap up to the model's figure (the pace before the change is
+    one stretch of one run, measured as noisily as the rest, and a fix that does more than
+    undo the fault, more workers than the job had before it, may beat it); the evidence keeps
+    what the model gave (``speedup_capped``)."""
     point = f.predicted_speedup
     if point is None or point <= cap:
         return f
-    lo, hi = f.predicted_range or (point, point)
+    lo, _ = f.predicted_range or (point, point)
     return replace(
         f,
         predicted_speedup=cap,
-        predicted_range=(min(lo, cap), min(hi, cap)),
+        predicted_range=(min(lo, cap), point),
         fixes=tuple(
             replace(x, speedup=cap) if x.speedup is not None and x.speedup > cap else x
             for x in f.fixes
