@@ -230,6 +230,16 @@ class PeerMedians:
             self._above = (order[k - 1] + order[k]) / 2
             self._first_at = self._last_at = k
 
+    def least(self) -> float | None:
+        """The least any key's peer median can be (None where no key has peers): a rule that
+        needs a value some multiple of its peers' median screens every key against it first,
+        and asks :meth:`get` only of the few past it."""
+        if self._m <= 0:
+            return None
+        if self._first_at > self._last_at:  # (m odd: no position is "at")
+            return min(self._below, self._above)
+        return min(self._below, self._at, self._above)
+
     def get(self, key: object) -> float | None:
         """Median of the values of every key but ``key`` (all of them if ``key`` has none)."""
         value = self._values.get(key)

@@ -173,3 +173,8 @@ def test_peer_medians_equal_one_median_per_key(size: int) -> None:
                 else (peer_median(measured, -1) if measured else None)
             )
             assert medians.get(key) == expected, (values, key)
+        # The least peer median any key has: what a rule screens against before asking.
+        peers = [medians.get(k) for k in measured]
+        assert medians.least() == (
+            min(p for p in peers if p is not None) if len(measured) > 1 else None
+        )

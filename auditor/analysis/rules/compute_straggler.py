@@ -176,13 +176,18 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     i = _typical_for(i, stalled - contended)
     blamed: dict[int, dict[str, float]] = {}
     cps_of_peers = PeerMedians(i.per_sample_s)
+    # No rank works ``min_excess`` past its peers per sample unless it does past the least its
+    # peers' median can be: the few that do are judged (at 16,384 ranks, a handful).
+    least = cps_of_peers.least()
+    floor = t.min_excess * least if least is not None and least > 0 else float("-inf")
+    candidates = [r for r, v in i.per_sample_s.items() if v >= floor and r not in contended]
+    if not candidates:
+        return []
     local_of_peers = PeerMedians(i.local_s)
     work_of_peers = PeerMedians(i.work_s)
     waits_of_peers = PeerMedians(i.wait_s)
     mean_of_peers = PeerMedians(i.mean_work_s)
-    for r in i.per_sample_s:
-        if r in contended:
-            continue
+    for r in candidates:
         peer_cps = cps_of_peers.get(r)
         peer_local = local_of_peers.get(r)
         peer_work = work_of_peers.get(r)

@@ -157,8 +157,9 @@ class Inputs:
     host_ranks: Mapping[str, tuple[int, ...]]
     idle_cores: Mapping[str, float | None]
     available: Mapping[str, int | None]
-    # Every ready rank's main process CPU (cores) and its workers' (None: not sampled), and per
-    # host of the starved, its ``(cores, busy cores)``: what the host bound reads (_host_bound).
+    # The main process CPU (cores) and the workers' (None: not sampled) of every ready rank on
+    # a starved rank's host, and each such host's ``(cores, busy cores)``: what the host bound
+    # reads (_host_bound).
     main_cpu: Mapping[int, float | None] = field(default_factory=dict)
     worker_cpu: Mapping[int, float | None] = field(default_factory=dict)
     host_cpu: Mapping[str, tuple[float, float] | None] = field(default_factory=dict)
@@ -239,6 +240,7 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         for r, s in waiting.items()
     }
     memory = {r: _worker_memory(s) for r, s in waiting.items()}
+    on_hosts = [r for h in shares for r in hosts.get(h, ()) if r in stats]
     return Inputs(
         wait_ratio=wait_ratio,
         wait_s={r: s.data_wait_s for r, s in stats.items()},
@@ -264,8 +266,8 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         host_ranks={h: tuple(hosts.get(h, ())) for h in shares},
         idle_cores={h: _idle_cores(snapshot, h) for h in shares},
         available={h: host_available_bytes(snapshot, h) for h in shares},
-        main_cpu={r: s.main_cpu for r, s in stats.items()},
-        worker_cpu={r: s.worker_cpu for r, s in stats.items()},
+        main_cpu={r: stats[r].main_cpu for r in on_hosts},
+        worker_cpu={r: stats[r].worker_cpu for r in on_hosts},
         host_cpu={h: snapshot.host_cpu(h) for h in shares},
     )
 
@@ -560,12 +562,12 @@ def _host_bound(
     i: Inputs, starved: set[int], plans: Mapping[int, _Plan], cheaper_factor: float
 ) -> HostBound | None:
     """The tightest :class:`HostBound` of the starved ranks' hosts: a fed rank does as much CPU
-    work per step as its fed peers do now (:func:`_work_cpu`), its
+    work per step as its fed peers on those hosts do now (:func:`_work_cpu`), its
     loading costs the CPU per step it was measured to (a cheaper loading its share of it), and
     what else keeps the host busy stays. A host cannot do more CPU-seconds a second than it has
     cores, however well its ranks are fed: where the workers' CPU and a rank that computes
     again outgrow the cores that sat idle while it waited, the step is at least this long.
-    None where a figure it needs was not measured (no host sample, no fed rank's CPU)."""
+    None where a figure it needs was not measured (no host sample, no fed peer's CPU there)."""
     fed = {
         r: _work_cpu(cpu, i.step_s[r], i.work_s[r])
         for r, cpu in i.main_cpu.items()
