@@ -70,7 +70,7 @@ GOAL_STEP = 0.05
 _ALTERNATIVES = {
     "batch_size": ("rank_work", "loading_cost"),
     "loss_weight": ("batch_size",),
-    "checkpoint_interval": ("checkpoint_async",),
+    "checkpoint_async": ("checkpoint_interval",),
 }
 
 

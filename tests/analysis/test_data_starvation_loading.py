@@ -142,14 +142,15 @@ def test_a_saturated_host_bounds_the_speedup_by_its_cores() -> None:
     # The same job on a host whose 2 cores are busy: the ranks' processes explain 0.95 + 0.6
     # cores, 0.45 more is something else's and stays. Fed, rank 1 works as rank 0 does (95 ms
     # of CPU a step, not the 0.95 x 259 ms rank 0 spends polling while it waits) and its
-    # loading costs 3% of 160 ms: 194.8 ms of CPU a step on 1.55 cores, at least 125.7 ms.
-    # The range reaches down to it; the point stays the barrier model's (the 0.45 cores may not
-    # stay busy).
+    # loading costs 3% of 160 ms: 194.8 ms of CPU a step, 97.4 ms on 2 cores (the barrier
+    # model's 100 ms stands) and 125.7 ms on the 1.55 the other work leaves. The range reaches
+    # down to that; the point stays the barrier model's (the 0.45 cores may not stay busy).
     f = _only(RULE(_starved_cpu_job(cpu_share=0.03)))
     bound = f.evidence["host_bound"]
     assert isinstance(bound, dict)
     assert bound["cpu_per_step_ms"] == pytest.approx(95 + 95 + 4.8, rel=0.02)
-    assert bound["cores"] == pytest.approx(1.55, abs=0.01)
+    assert (bound["cores"], bound["others_cores"]) == pytest.approx((2.0, 0.45), abs=0.01)
+    assert bound["step_with_others_ms"] == pytest.approx(194.8 / 1.55, rel=0.02)
     assert f.predicted_speedup == pytest.approx(259 / 100, rel=0.03)
     assert f.predicted_range == pytest.approx((259 / (194.8 / 1.55), f.predicted_speedup), rel=0.03)
 
@@ -219,6 +220,21 @@ def test_cpu_bound_loading_with_an_idle_core_is_capped_by_cores() -> None:
     assert f.fixes[0] == Fix("num_workers", 1, 0, 1, f.predicted_speedup, (KIND,))
     assert f.facts.ranks[1].limited_by == CORES
     assert f.evidence["per_rank"]["1"]["limited_by"] == "cores"
+
+
+def test_a_cpu_bound_worker_shares_the_cores_with_the_ranks_it_feeds() -> None:
+    # The one 0.9-core worker rank 1 gets loads 144 ms of CPU a batch. While both ranks work
+    # (95 ms each), three threads share 2 cores: 2/3 of a core each, 142.5 ms; the worker has
+    # done 95 ms of its batch by then and finishes the other 49 ms alone while the ranks wait:
+    # a step of at least 191.5 ms, not the 164 ms of the barrier model (the worker at a core
+    # all along): the prediction is 259 / 191.5 ms.
+    f = _only(RULE(_starved_cpu_job(cpu_share=0.90, nodes=TWO_CORES_ONE_IDLE)))
+    bound = f.evidence["host_bound"]
+    assert isinstance(bound, dict)
+    assert bound["step_ms"] == pytest.approx(191.5, rel=0.02)
+    assert bound["others_cores"] == 0.0  # the ranks' processes explain the busy core
+    assert f.predicted_speedup == pytest.approx(259 / 191.5, rel=0.02)
+    assert f.fixes[0].speedup == f.predicted_speedup
 
 
 def test_unmeasured_loading_cpu_is_named() -> None:

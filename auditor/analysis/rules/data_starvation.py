@@ -47,6 +47,14 @@ measured, the barrier model cannot tell their own work from their waiting, so no
 predicted (``speedup_model``: :data:`NOT_PREDICTED`); the facts give the upper bound of removing
 the wait.
 
+The step after the fix is at least what the starved rank's host allows once it is fed
+(:class:`HostBound`, ``host_bound`` in the evidence): the CPU a step needs there (each rank's
+work as its fed peers on the host do it, and the loading) over the host's cores, and, for
+CPU-bound loading, the cores shared evenly among the ranks and the new workers while the ranks
+work, each worker finishing its batch alone once they wait for it. The prediction reads the
+longer of the two; its range reaches down to the same bound on the cores the host's other
+work (busy cores no rank's process explains) leaves, which may or may not stay busy.
+
 Assumptions: workers run independently (no shared lock in the dataset), and loading time per
 batch does not depend on the number of workers (true for decoding and for a storage backend
 that is not yet saturated).
@@ -373,9 +381,14 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         if bound is not None:
             evidence["host_bound"] = bound.evidence()
             after, before = barrier.step_s(new_local), barrier.step_s()
-            if bound.step_s > after > 0:
-                low = max(1.0, before / bound.step_s)
-                predicted_range = (min(low, speedup), speedup)
+            # The host's cores bound the point; the busy cores no rank explains may stay busy
+            # or not: the range reaches down to the step with them.
+            point = max(after, bound.step_s(others=False))
+            if point > after > 0:
+                speedup = max(1.0, before / point)
+            low = max(1.0, before / bound.step_s())
+            if low < speedup:
+                predicted_range = (low, speedup)
     if not_measured:
         evidence["not_measured"] = not_measured
 
@@ -535,26 +548,45 @@ def _cheaper_wait(wait_s: float, work_s: float, cost: LoadingCost, factor: float
 
 @dataclass(frozen=True)
 class HostBound:
-    """The least step a host's cores allow once its starved ranks are fed: the CPU-seconds a
-    step needs there (``cpu_s``: every rank's work and the loading) over the cores the rest of
-    the host leaves (``cores``). Where it is longer than the barrier model's step, the
-    prediction's range reaches down to it: the point stays the barrier model's, since what
-    else keeps a host busy (the unexplained part of its busy cores) may not stay."""
+    """The least step a host's cores allow once its starved ranks are fed. ``cpu_s``: the
+    CPU-seconds a step needs there (every rank's work and the loading) on its ``cores``, less
+    ``others``: the busy cores no rank's process explains. Where the loading is CPU-bound
+    (``loading_s`` on ``loaders`` new workers), the scheduler shares the cores evenly among
+    everything that wants one: while the ``ranks`` work (``work_s``, the longest), each worker
+    gets its share with them, and it finishes its batch alone once they wait for it
+    (:meth:`step_s`)."""
 
     host: str
     cpu_s: float
     cores: float
+    others: float = 0.0
+    ranks: int = 0
+    work_s: float = 0.0
+    loading_s: float = 0.0
+    loaders: int = 0
 
-    @property
-    def step_s(self) -> float:
-        return self.cpu_s / self.cores
+    def step_s(self, *, others: bool = True) -> float:
+        """The least step, with the unexplained busy cores kept busy (``others``) or not."""
+        cores = self.cores - (self.others if others else 0.0)
+        if cores <= 0:
+            return math.inf
+        packed = self.cpu_s / cores
+        if self.loaders <= 0 or self.loading_s <= 0 or self.work_s <= 0:
+            return packed
+        together = min(1.0, cores / (self.ranks + self.loaders))
+        working = self.work_s / together
+        left = self.loading_s - self.loaders * together * working
+        alone = self.loaders * min(1.0, cores / self.loaders)
+        return max(packed, working + max(0.0, left) / alone)
 
     def evidence(self) -> dict[str, object]:
         return {
             "host": self.host,
             "cpu_per_step_ms": round(self.cpu_s * 1e3, 1),
             "cores": round(self.cores, 2),
-            "step_ms": round(self.step_s * 1e3, 1),
+            "others_cores": round(self.others, 2),
+            "step_ms": round(self.step_s(others=False) * 1e3, 1),
+            "step_with_others_ms": round(self.step_s() * 1e3, 1),
         }
 
 
@@ -582,8 +614,8 @@ def _host_bound(
             continue
         cores, busy = cpu
         ranks = i.host_ranks.get(host, ())
-        need = 0.0
-        explained = 0.0
+        need = explained = longest = cpu_loading = 0.0
+        loaders = 0
         for q in ranks:
             main, workers = i.main_cpu.get(q), i.worker_cpu.get(q)
             if main is None:
@@ -591,17 +623,26 @@ def _host_bound(
             explained += main + (workers or 0.0)
             if q not in starved:
                 need += fed[q]
+                longest = max(longest, fed[q])
                 continue
             loading = i.cost[q].cpu_s
             if loading is None:
                 break
-            cheaper = plans[q].workers is None
-            need += work + (loading / cheaper_factor if cheaper else loading)
+            plan = plans[q].workers
+            if plan is None:
+                loading /= cheaper_factor  # today's loaders, cheaper
+            elif i.cost[q].kind != IO:
+                cpu_loading += loading  # on ``plan`` workers that each want a core
+                loaders += plan
+            need += work + loading
+            longest = max(longest, work)
         else:
-            room = cores - max(0.0, busy - explained)
-            if need > 0 and room > 0:
-                bounds.append(HostBound(host, need, room))
-    return max(bounds, key=lambda b: b.step_s, default=None)
+            others = max(0.0, busy - explained)
+            if need > 0 and cores > 0:
+                bounds.append(
+                    HostBound(host, need, cores, others, len(ranks), longest, cpu_loading, loaders)
+                )
+    return max(bounds, key=lambda b: b.step_s(), default=None)
 
 
 def _work_cpu(main: float, step_s: float, work_s: float) -> float:

@@ -58,9 +58,12 @@ samples are per-scrape means (``count`` > 1) that hold no single step: silent th
 Speed-up: the barrier model (:class:`~auditor.analysis.advisor.Barrier`) over the mean local
 time per step since the stalls began (one period before the first: a stall that began midway
 is judged against the steps it slows), each blamed rank's lever moved: unnamed work and logging
-gone; an evaluation spread over every rank, each carrying its share; a save moved off the step
-still taking from the ranks what a CPU-bound thread takes from a host whose cores are busy. A
-longer checkpoint interval gets its own figure: each save's cost once per interval.
+gone; an evaluation spread over every rank, each carrying its share; a periodic checkpoint
+saved less often (the interval that keeps it to ``target_share``), each save's cost once per
+interval: the first lever where one is proposed, since its effect is what it saves. Saving off
+the step instead gets its own figure: the save still takes from the ranks what a CPU-bound
+thread takes from a host whose cores are busy, and how much more it takes (a thread of the
+training process holds the interpreter's lock while it pickles) depends on how it runs.
 """
 
 from __future__ import annotations
@@ -463,20 +466,20 @@ def _blame(
         local[r] = sum(rs.step_s[x] for x in kept[r]) / n - waits[r]
     barrier = Barrier(local, min(waits.values()))
     excess = {r: sum(o.excess[r] for o in occs[r]) / (len(kept[r]) or 1) for r in stalls}
-    levers = {r: LEVER_OF.get(s.work or "", "rank_work") for r, s in stalls.items()}
-    speedup = barrier.speedup(_after(local, excess, levers, i.host_cpu))
+    levers = {r: _lever(s) for r, s in stalls.items()}
+    speedup = barrier.speedup(_after(local, excess, levers, stalls, i.host_cpu))
     fixes: list[Fix] = []
     for r, stall in sorted(stalls.items()):
         lever = levers[r]
+        if lever == "checkpoint_interval":
+            fixes.append(Fix(lever, r, stall.period, stall.interval, speedup, (KIND,)))
+            # The save moved off the step instead: its own figure, this rank's lever alone.
+            other = {**levers, r: "checkpoint_async"}
+            alone = barrier.speedup(_after(local, excess, other, stalls, i.host_cpu))
+            fixes.append(Fix("checkpoint_async", r, False, True, alone, (KIND,)))
+            continue
         current, proposed = (None, None) if lever == "rank_work" else (False, True)
         fixes.append(Fix(lever, r, current, proposed, speedup, (KIND,)))
-        if stall.interval is not None and stall.period is not None:
-            # Saving less often keeps each save's cost, once in ``interval`` steps.
-            rarer = {r: excess[r] * stall.period / stall.interval}
-            alone = barrier.speedup({r: local[r] - excess[r] + rarer[r]})
-            fixes.append(
-                Fix("checkpoint_interval", r, stall.period, stall.interval, alone, (KIND,))
-            )
     evidence = {
         "per_rank": {str(r): _evidence(s) for r, s in sorted(stalls.items())},
         "local_ms": {str(r): round(v * 1e3, 1) for r, v in sorted(local.items())},
@@ -507,15 +510,26 @@ def _since(stalls: Mapping[int, Stall], occs: Mapping[int, Sequence[_Occurrence]
     return first - math.ceil(max(gaps, default=0))
 
 
+def _lever(s: Stall) -> str:
+    """The lever a rank's stalls answer to first: a periodic checkpoint's longer interval
+    where one is proposed (its effect is what it saves: each save's cost once per interval);
+    else the named work's (:data:`LEVER_OF`); else the rank's own work."""
+    if s.work == CHECKPOINT and s.interval is not None and s.period is not None:
+        return "checkpoint_interval"
+    return LEVER_OF.get(s.work or "", "rank_work")
+
+
 def _after(
     local: Mapping[int, float],
     excess: Mapping[int, float],
     levers: Mapping[int, str],
+    stalls: Mapping[int, Stall],
     host_cpu: Mapping[int, tuple[float, float]],
 ) -> dict[int, float]:
     """Each rank's local time per step once each stalling rank's lever is moved:
 
     * an evaluation spread over every rank leaves each rank its share of it;
+    * a longer checkpoint interval keeps each save's cost, once per interval;
     * a save moved off the step (``checkpoint_async``) still does its work on the host: where
       the host's cores are busy, it takes from the ranks there what a CPU-bound thread takes
       (:func:`_taken`);
@@ -523,7 +537,10 @@ def _after(
     out = dict(local)
     for r, x in excess.items():
         lever = levers[r]
-        if lever == "evaluation_on_all_ranks":
+        period, interval = stalls[r].period, stalls[r].interval
+        if lever == "checkpoint_interval" and period is not None and interval:
+            out[r] -= x * (1.0 - period / interval)
+        elif lever == "evaluation_on_all_ranks":
             share = x / len(local)
             for q in out:
                 out[q] += share

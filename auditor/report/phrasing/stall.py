@@ -33,8 +33,28 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         f"{_how_often(first)} ({_cost(first)}); the others wait for {it_or_them(facts.ranks)} "
         "at the next collective"
     )
-    fixes = {r: expectation(_fix(stall), finding) for r, stall in sorted(facts.ranks.items())}
+    fixes = {
+        r: expectation(_fix(stall), finding) + _off_step(stall, finding, r)
+        for r, stall in sorted(facts.ranks.items())
+    }
     return Phrase(summary, fixes)
+
+
+def _off_step(s: Stall, finding: Finding, rank: int) -> str:
+    """Where the interval is the first lever, saving off the step as the alternative, with its
+    own figure."""
+    if s.work != CHECKPOINT or s.interval is None:
+        return ""
+    alone = next(
+        (x.speedup for x in finding.fixes if x.rank == rank and x.lever == "checkpoint_async"),
+        None,
+    )
+    figure = "" if alone is None else f" (about {alone:.1f}x on this host at best)"
+    return (
+        "; or save off the training step (torch.distributed.checkpoint.async_save, or a "
+        "background thread): the save still takes its CPU from the host, and a thread of the "
+        f"training process the interpreter's lock while it pickles{figure}"
+    )
 
 
 def _what(s: Stall) -> str:
@@ -58,13 +78,15 @@ def _cost(s: Stall) -> str:
 
 def _fix(s: Stall) -> str:
     if s.work == CHECKPOINT:
-        fix = (
+        if s.interval is not None:
+            return (
+                f"save the checkpoint every {s.interval} steps instead of every {s.period}, "
+                "so that saving costs a few percent of the run"
+            )
+        return (
             "save the checkpoint off the training step "
             "(torch.distributed.checkpoint.async_save, or a background thread)"
         )
-        if s.interval is not None:
-            fix += f", or every {s.interval} steps instead of every {s.period}"
-        return fix
     if s.work == EVALUATION:
         return (
             "run the evaluation on every rank, each on its shard (a DistributedSampler over "
