@@ -108,6 +108,9 @@ def test_serve_findings_match_those_recorded_before_the_rebuild(served: Verdict)
     for f in served.findings:
         d = ReportFinding.of(f).to_dict()
         evidence = d.pop("evidence")
+        # Newer than the recording: what the starved rank's host allows once it is fed.
+        assert f.kind != "data_starvation" or "host_bound" in evidence
+        evidence.pop("host_bound", None)
         d.pop("actions")  # the typed fixes, newer than the recording: asserted below
         # Newer than the recording too: serve judges no parts of its window, so no range.
         assert d.pop("predicted_range") is None
