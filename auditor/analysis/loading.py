@@ -33,10 +33,14 @@ Assumptions: one loader (the main thread or a worker) loads one batch at a time;
 of its own reads as I/O-bound); the load average counts runnable processes (on Linux it also
 counts processes in uninterruptible disk sleep, which only makes the share smaller and the
 verdict lean to CPU-bound).
+
+:class:`HostBound` is the other side: the least step a host's cores allow once its starved
+ranks are fed and their loading moved to workers (data_starvation builds it).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -181,3 +185,54 @@ def host_available_bytes(snapshot: Snapshot, host: str) -> int | None:
         and v.memory.host_available_bytes is not None
     ]
     return min(seen) if seen else None
+
+
+@dataclass(frozen=True)
+class HostBound:
+    """The least step a host's cores allow once its starved ranks are fed. ``cpu_s``: the
+    CPU-seconds a step needs there (every rank's work and the loading) on its ``cores``, less
+    ``others``: the busy cores no rank's process explains. Where the loading is CPU-bound
+    (``loading_s`` on ``loaders`` new workers), the scheduler shares the cores evenly among
+    everything that wants one: while the ``ranks`` work (``work_s``, the longest), each worker
+    gets its share with them, and it finishes its batch alone once they wait for it
+    (:meth:`step_s`)."""
+
+    host: str
+    cpu_s: float
+    cores: float
+    others: float = 0.0
+    ranks: int = 0
+    work_s: float = 0.0
+    loading_s: float = 0.0
+    loaders: int = 0
+
+    def step_s(self, *, others: bool = True) -> float:
+        """The least step, with the unexplained busy cores kept busy (``others``) or not."""
+        cores = self.cores - (self.others if others else 0.0)
+        if cores <= 0:
+            return math.inf
+        packed = self.cpu_s / cores
+        if self.loaders <= 0 or self.loading_s <= 0 or self.work_s <= 0:
+            return packed
+        together = min(1.0, cores / (self.ranks + self.loaders))
+        working = self.work_s / together
+        left = self.loading_s - self.loaders * together * working
+        alone = self.loaders * min(1.0, cores / self.loaders)
+        return max(packed, working + max(0.0, left) / alone)
+
+    def evidence(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "cpu_per_step_ms": round(self.cpu_s * 1e3, 1),
+            "cores": round(self.cores, 2),
+            "others_cores": round(self.others, 2),
+            "step_ms": round(self.step_s(others=False) * 1e3, 1),
+            "step_with_others_ms": round(self.step_s() * 1e3, 1),
+        }
+
+
+def work_cpu(main: float, step_s: float, work_s: float) -> float:
+    """A fed rank's CPU-seconds per step of its own work: its main process's cores over the
+    step, at most its own work's time (the CPU it spends waiting at a collective, polling, does
+    not scale with the step; a rank whose work runs on several threads is counted at one)."""
+    return min(main * step_s, work_s)

@@ -73,10 +73,12 @@ from ..fixes import Fix
 from ..loading import (
     IO,
     UNKNOWN,
+    HostBound,
     LoadingCost,
     fair_share,
     host_available_bytes,
     loading_cost,
+    work_cpu,
 )
 from ..measures import own_work
 from ..rule import Explained, Rule
@@ -546,62 +548,18 @@ def _cheaper_wait(wait_s: float, work_s: float, cost: LoadingCost, factor: float
     return min(wait_s, max(0.0, load / cost.workers - work_s))
 
 
-@dataclass(frozen=True)
-class HostBound:
-    """The least step a host's cores allow once its starved ranks are fed. ``cpu_s``: the
-    CPU-seconds a step needs there (every rank's work and the loading) on its ``cores``, less
-    ``others``: the busy cores no rank's process explains. Where the loading is CPU-bound
-    (``loading_s`` on ``loaders`` new workers), the scheduler shares the cores evenly among
-    everything that wants one: while the ``ranks`` work (``work_s``, the longest), each worker
-    gets its share with them, and it finishes its batch alone once they wait for it
-    (:meth:`step_s`)."""
-
-    host: str
-    cpu_s: float
-    cores: float
-    others: float = 0.0
-    ranks: int = 0
-    work_s: float = 0.0
-    loading_s: float = 0.0
-    loaders: int = 0
-
-    def step_s(self, *, others: bool = True) -> float:
-        """The least step, with the unexplained busy cores kept busy (``others``) or not."""
-        cores = self.cores - (self.others if others else 0.0)
-        if cores <= 0:
-            return math.inf
-        packed = self.cpu_s / cores
-        if self.loaders <= 0 or self.loading_s <= 0 or self.work_s <= 0:
-            return packed
-        together = min(1.0, cores / (self.ranks + self.loaders))
-        working = self.work_s / together
-        left = self.loading_s - self.loaders * together * working
-        alone = self.loaders * min(1.0, cores / self.loaders)
-        return max(packed, working + max(0.0, left) / alone)
-
-    def evidence(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "cpu_per_step_ms": round(self.cpu_s * 1e3, 1),
-            "cores": round(self.cores, 2),
-            "others_cores": round(self.others, 2),
-            "step_ms": round(self.step_s(others=False) * 1e3, 1),
-            "step_with_others_ms": round(self.step_s() * 1e3, 1),
-        }
-
-
 def _host_bound(
     i: Inputs, starved: set[int], plans: Mapping[int, _Plan], cheaper_factor: float
 ) -> HostBound | None:
     """The tightest :class:`HostBound` of the starved ranks' hosts: a fed rank does as much CPU
-    work per step as its fed peers on those hosts do now (:func:`_work_cpu`), its
-    loading costs the CPU per step it was measured to (a cheaper loading its share of it), and
-    what else keeps the host busy stays. A host cannot do more CPU-seconds a second than it has
+    work per step as its fed peers on those hosts do now (:func:`work_cpu`), its loading costs
+    the CPU per step it was measured to (a cheaper loading its share of it), and what else
+    keeps the host busy stays. A host cannot do more CPU-seconds a second than it has
     cores, however well its ranks are fed: where the workers' CPU and a rank that computes
     again outgrow the cores that sat idle while it waited, the step is at least this long.
     None where a figure it needs was not measured (no host sample, no fed peer's CPU there)."""
     fed = {
-        r: _work_cpu(cpu, i.step_s[r], i.work_s[r])
+        r: work_cpu(cpu, i.step_s[r], i.work_s[r])
         for r, cpu in i.main_cpu.items()
         if r not in starved and cpu is not None and i.step_s[r] > 0
     }
@@ -643,13 +601,6 @@ def _host_bound(
                     HostBound(host, need, cores, others, len(ranks), longest, cpu_loading, loaders)
                 )
     return max(bounds, key=lambda b: b.step_s(), default=None)
-
-
-def _work_cpu(main: float, step_s: float, work_s: float) -> float:
-    """A fed rank's CPU-seconds per step of its own work: its main process's cores over the
-    step, at most its own work's time (the CPU it spends waiting at a collective, polling, does
-    not scale with the step; a rank whose work runs on several threads is counted at one)."""
-    return min(main * step_s, work_s)
 
 
 def _without_blind(ranks: list[int], blind: list[int]) -> list[int]:
