@@ -237,3 +237,21 @@ def test_a_finding_that_predicts_no_speed_up_says_why_its_advice_is_not_judged(
     assert s["advice_judged"] == 0 and s["not_judged"] == {"memory_growth": rec["not_judged"]}
     text = faults.table([rec])
     assert "advice not judged: the finding predicts no speed-up; after the fix: gone" in text
+
+
+def test_a_cases_pairs_are_judged_by_their_medians(bench: Any) -> None:
+    faults, _, _ = bench
+    Pair = faults.Pair
+    one = faults.judge([Pair(2.1, [2.0, 2.4], 2.57)])
+    assert one["achieved_speedup"] == 2.57 and "pairs" not in one
+    assert one["within_20pct"] and not one["inside_range"]
+    # Three alternated pairs: the machine ran fast in the first after run only.
+    three = faults.judge(
+        [Pair(2.1, [2.0, 2.4], 2.57), Pair(2.0, [1.8, 2.3], 2.08), Pair(2.2, [1.9, 2.5], 2.15)]
+    )
+    assert three["predicted_speedup"] == 2.1 and three["predicted_range"] == [1.9, 2.4]
+    assert three["achieved_speedup"] == 2.15 and three["inside_range"]
+    assert [p["achieved_speedup"] for p in three["pairs"]] == [2.57, 2.08, 2.15]
+    # No range given: the point itself is the range; no prediction: only what was achieved.
+    assert faults.judge([Pair(1.5, None, 1.5)])["inside_range"]
+    assert faults.judge([Pair(None, None, 1.2)]) == {"achieved_speedup": 1.2}
