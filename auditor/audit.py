@@ -285,8 +285,9 @@ class Audit:
 
     def _no_faster_than_before(self, whole: Snapshot) -> None:
         """Where the run turned slow for good (a ``slowdown`` found), a finding that appeared
-        with the change promises at most the job's step now over its step before the change:
-        its fix takes the job back to the pace it kept without the fault, not past it. The
+        with the change promises at most the job's time per step now over its time per step
+        before the change (means, not medians: a periodic stall's steps count): its fix takes
+        the job back to the pace it kept without the fault, not past it. The
         model's figures come from the slow steps, which run cheaper than the job will once
         every rank works again (a starved rank's peer computes alone on a shared host, and its
         collectives wait on an idle peer). A finding the steps before the change have too is
@@ -295,7 +296,7 @@ class Audit:
         if not changes:
             return
         change = max(changes, key=lambda c: c.time)
-        cap = change.slowdown
+        cap = change.pace_slowdown
         over = [
             f
             for f in self.findings

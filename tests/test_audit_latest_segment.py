@@ -85,7 +85,7 @@ def test_a_fault_that_came_with_the_change_promises_no_more_than_the_pace_before
     by = {(f.kind, f.ranks): f for f in findings}
     slow = by[("slowdown", (1,))]
     starved = by[("data_starvation", (1,))]
-    cap = slow.facts.slowdown
+    cap = slow.facts.pace_slowdown
     assert starved.predicted_speedup == cap
     assert starved.evidence["speedup_capped"]["model"] > cap * 1.1
     assert starved.evidence["speedup_capped"]["before_step"] == slow.facts.step
@@ -112,3 +112,30 @@ def test_a_fault_the_steps_before_the_change_had_too_keeps_its_prediction() -> N
     starved = by[("data_starvation", (1,))]
     assert "speedup_capped" not in starved.evidence
     assert starved.predicted_speedup > by[("slowdown", (1,))].facts.slowdown * 1.5
+
+
+def test_the_pace_before_a_change_caps_by_time_per_step_not_by_the_median_step() -> None:
+    # Every rank's forward turns 50 ms slower at step 300 (the machine slowed), and from there
+    # rank 1 stalls 2 s every 20 steps. The median step rose by 1.48x, the time per step by
+    # 2.39x: the stall's fix is capped by the latter (it leaves the machine's slowdown), so
+    # its own model's figure stands.
+    audit = Audit("test")
+    job = JobBuilder(balanced(2), store=audit.store)
+    job.run(300)
+    before = (job.now - 1_000.0) / job.step
+    t0, s0 = job.now, job.step
+    slower = balanced(2, forward=0.080)
+    for _ in range(15):
+        job.run(19, slower)
+        job.run(1, with_rank(slower, 1, forward=2.0))
+    _, findings = audit.final()
+    by = {(f.kind, f.ranks): f for f in findings}
+    slow = by[("slowdown", ())]
+    assert slow.facts.slowdown == pytest.approx(1.48, abs=0.03)
+    assert slow.facts.pace_slowdown == pytest.approx(
+        (job.now - t0) / (job.step - s0) / before, rel=0.02
+    )
+    stall = by[("stall", (1,))]
+    assert "speedup_capped" not in stall.evidence
+    # Back at the slower machine's pace without the stalls: 0.159 s a step from 0.252.
+    assert stall.predicted_speedup == pytest.approx(0.2516 / 0.159, rel=0.05)

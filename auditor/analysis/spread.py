@@ -177,7 +177,7 @@ def with_ceiling(findings: Sequence[Finding], ceiling: float | None) -> list[Fin
 
 
 def capped_at(f: Finding, cap: float, step: int) -> Finding:
-    """``f`` promising ``cap`` (the job's step now over its step before the change at
+    """``f`` promising ``cap`` (the job's time per step now over before the change at
     ``step``) where its model promised more, its fixes' speed-ups no higher; its range from the
     lower of its low end and the cap up to the model's figure (the pace before the change is
     one stretch of one run, measured as noisily as the rest, and a fix that does more than

@@ -133,6 +133,8 @@ class Inputs:
     start: tuple[float, ...]
     end: tuple[float, ...]
     ranks: Mapping[int, tuple[Bucket | None, ...]]
+    # The steps of each grid bucket (its rank's): the job's time per step over a segment.
+    steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,11 +163,23 @@ class Facts:
     now_s: float
     ranks: Mapping[int, Change]
     every_rank: Change | None = None
+    # The job's time per step (wall time over steps) before the change and in the latest
+    # segment: a periodic stall is in it, which the medians leave out.
+    before_pace_s: float | None = None
+    now_pace_s: float | None = None
 
     @property
     def slowdown(self) -> float:
         """The job's step now over its step before the change."""
         return self.now_s / self.before_s if self.before_s > 0 else 1.0
+
+    @property
+    def pace_slowdown(self) -> float:
+        """The job's time per step now over before the change (what a fix that takes it back
+        to its earlier pace gives in steps per second); the medians' ratio where not known."""
+        if self.before_pace_s and self.now_pace_s:
+            return self.now_pace_s / self.before_pace_s
+        return self.slowdown
 
 
 def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
@@ -189,6 +203,7 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         start=tuple(b.start for b in grid),
         end=tuple(b.end for b in grid),
         ranks=ranks,
+        steps=tuple(b.steps for b in grid),
     )
 
 
@@ -321,7 +336,16 @@ def _finding(
             kind=KIND,
             severity=severity_for(speedup) if lasted >= t.min_lasting_s else "info",
             ranks=tuple(sorted(leaders)),
-            facts=Facts(step, time, before, after, now, dict(leaders)),
+            facts=Facts(
+                step,
+                time,
+                before,
+                after,
+                now,
+                dict(leaders),
+                before_pace_s=_pace(i, seg_before),
+                now_pace_s=_pace(i, latest),
+            ),
             evidence=evidence,
             predicted_speedup=speedup,
             fixes=fixes,
@@ -337,9 +361,19 @@ def _finding(
         kind=KIND,
         severity="info",
         ranks=(),
-        facts=Facts(step, time, before, after, now, {}, every),
+        facts=Facts(
+            step, time, before, after, now, {}, every, _pace(i, seg_before), _pace(i, latest)
+        ),
         evidence=evidence,
     )
+
+
+def _pace(i: Inputs, seg: tuple[int, int]) -> float | None:
+    """The job's time per step over the grid buckets ``seg``: their wall time over their
+    steps (the grid's rank waits for the others at every step); None where not known."""
+    a, b = seg
+    n = sum(i.steps[a:b])
+    return (i.end[b - 1] - i.start[a]) / n if n and b > a else None
 
 
 def _change(
