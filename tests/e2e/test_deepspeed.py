@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers.exits import ended_well
+from tests.helpers.exits import ended_well, failure_text
 from tests.helpers.waiting import wait_quietly
 
 from .conftest import EXAMPLES, REPO, Run, base_env, run_auditor, until_training
@@ -77,7 +77,9 @@ def _checked(run: Run, steps: int = STEPS) -> dict[str, Any]:
     ranks = run.report["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1], ranks
     trained = all(steps - 2 <= r["steps"] <= steps for r in ranks)
-    assert ended_well(run.returncode, run.stderr, finished=trained), run.stderr[-4000:]
+    assert ended_well(run.returncode, run.stderr, finished=trained), failure_text(
+        run.stderr, tail=4000
+    )
     assert trained, [r["steps"] for r in ranks]
     assert run.report["job"]["world_size"] == 2
     return run.report

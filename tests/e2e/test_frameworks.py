@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.exits import ended_well
+from tests.helpers.exits import ended_well, failure_text
 
 from .conftest import REPO, Run, base_env, run_auditor
 
@@ -144,7 +144,9 @@ def _checked(run: Run) -> dict[str, Any]:
     # Every example trains STEPS steps on each rank: each rank's own, none booked to another
     # (the last one may still be open when a worker is ended).
     trained = all(STEPS - 2 <= r["steps"] <= STEPS for r in ranks)
-    assert ended_well(run.returncode, run.stderr, finished=trained), run.stderr[-4000:]
+    assert ended_well(run.returncode, run.stderr, finished=trained), failure_text(
+        run.stderr, tail=4000
+    )
     assert trained, [r["steps"] for r in ranks]
     return run.report
 
@@ -271,7 +273,9 @@ def test_batch_advice_under_gradient_accumulation_is_per_micro_batch(
     report = run.report
     assert report is not None, run.stderr[-4000:]
     trained = all(steps - 2 <= r["steps"] <= steps for r in report["ranks"])
-    assert ended_well(run.returncode, run.stderr, finished=trained), run.stderr[-4000:]
+    assert ended_well(run.returncode, run.stderr, finished=trained), failure_text(
+        run.stderr, tail=4000
+    )
     assert trained, [r["steps"] for r in report["ranks"]]
     for r in report["ranks"]:
         assert r["batch_size"] == 32, r  # samples per optimizer step

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.exits import ended_well, failure_text
+
 from .conftest import run_auditor
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +57,9 @@ def test_a_straggler_on_a_busy_host_is_named_never_balanced(tmp_path: Path) -> N
     run = run_auditor(
         FAST, job("--seconds", "12", "--fault", "forward", "--factor", "5"), tmp=tmp_path
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert ended_well(run.returncode, run.stderr, finished="trained" in run.stdout), failure_text(
+        run.stderr
+    )
     assert run.report is not None
     (found,) = run.findings("compute_straggler")
     assert found["ranks"] == [1], found
@@ -72,7 +76,9 @@ def test_own_work_in_no_phase_is_named_never_balanced(tmp_path: Path) -> None:
     run = run_auditor(
         FAST, job("--seconds", "10", "--fault", "other", "--other-ms", "8"), tmp=tmp_path
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert ended_well(run.returncode, run.stderr, finished="trained" in run.stdout), failure_text(
+        run.stderr
+    )
     assert run.report is not None
     (found,) = run.findings("compute_straggler")
     assert found["ranks"] == [1], found
@@ -93,7 +99,9 @@ def test_own_work_in_no_phase_is_named_never_balanced(tmp_path: Path) -> None:
 
 def test_a_long_start_up_is_no_finding(tmp_path: Path) -> None:
     run = run_auditor(FAST, job("--seconds", "8", "--startup", "9"), tmp=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert ended_well(run.returncode, run.stderr, finished="trained" in run.stdout), failure_text(
+        run.stderr
+    )
     assert run.report is not None
     assert _severe(run.report) == [], _severe(run.report)
     for entry in run.report["ranks"]:

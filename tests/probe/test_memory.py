@@ -21,7 +21,7 @@ from auditor.analysis.engine import analyze
 from auditor.analysis.snapshot import SampleStore
 from auditor.report.json_report import build_report
 from auditor.samples import Batch, MemoryBudget
-from tests.helpers.exits import ended_well
+from tests.helpers.exits import ended_well, failure_text
 
 from . import SCRIPTS, Job, JobResult, free_port
 
@@ -54,7 +54,7 @@ def jobs() -> dict[str, JobResult]:
         res = job.result(timeout=240, wait_rank_s=20, ranks=2)
         finished = res.stdout.count("DONE=1") == 2  # after destroy_process_group
         assert ended_well(res.returncode, res.stderr, finished=finished), (
-            f"{name}: rc {res.returncode}\n{res.stderr[-3000:]}"
+            f"{name}: rc {res.returncode}\n{failure_text(res.stderr)}"
         )
         out[name] = res
     return out
