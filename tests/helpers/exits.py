@@ -6,7 +6,7 @@ in the full suite on this 2-core machine (2 of 21 framework jobs, once in the me
 and not in 32 runs of the same jobs alone, with or without the probe. A two-rank job of
 tests/e2e/over_time_job.py beside CPU burners once exited 1 after it had trained, in the full
 suite, with the cause cut from the test's message (not in 14 runs of it alone): failed runs
-now show the job's own failure lines first. A test that judges what the job measured accepts
+show the job's own failure lines first. A test that judges what the job measured accepts
 that abort, and only that, and only once the job has finished its work; any other non-zero
 exit is a failure.
 """
