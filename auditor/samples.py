@@ -391,8 +391,9 @@ class MemoryBudget:
     FSDP: this rank's shards; DataParallel: ``per_device`` adds the parameters' replica on each
     other device. ``optimizer_bytes_by_kind`` is keyed by the optimizer's state names
     (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ``step``, ...). Activations are the
-    bytes autograd saved for backward in one sampled forward (every ``activations_every``-th
-    step) of a batch of ``activation_batch``; None until one was sampled. ``other_module_bytes``:
+    bytes autograd saved for backward in one sampled forward (the first, then every
+    ``activations_every``-th, less often while the figure holds: ``auditor.probe.memory``) of a
+    batch of ``activation_batch``; None until one was sampled. ``other_module_bytes``:
     parameters and buffers of modules outside the model (an EMA or evaluation copy).
     ``device_total_bytes``: the GPU's total (None on CPU); ``device_outside_bytes``: what the
     GPU holds outside this process's caching allocator (its CUDA context, NCCL's buffers, other

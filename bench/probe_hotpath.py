@@ -5,7 +5,9 @@ than the probe's own cost. So this measures the absolute cost the probe adds to 
 same single-process loop (DataLoader -> forward -> backward -> optimizer step on a tiny model,
 about 0.3 ms a step) with and without the probe, in alternating pairs of subprocesses. The
 difference of the per-step medians is the probe's cost in microseconds; divided by a real step
-time (the example job's, measured by probe_overhead.py) it gives the overhead share.
+time (the example job's, measured by probe_overhead.py) it gives the overhead share. The
+difference of the means (``probe_mean_cost_per_step_us``) adds what only some steps pay (a
+forward whose activations the memory meter samples), which a median step leaves out.
 
 With ``--collective`` both arms also run a one-rank gloo process group and all-reduce the loss
 every step (the probe then times that collective: its wrapper's cost is in the figure).
@@ -27,8 +29,10 @@ other step pays only a shape comparison at the model's forward, which the per-st
 With ``--flush-off`` each round also runs the probe with its flush thread held off until the
 process exits (``AUDITOR_PROBE_FLUSH_S=3600``): the training thread's hooks alone. The median over
 rounds of (probe - flush off) is what the flush thread (resolving, encoding and sending every
-step) adds to the step's wall time (``flush_cost_per_step_us``) and to the CPU
-(``flush_cpu_per_step_us``); its rows arrive at exit, so it is not held to the sample count.
+step) adds to the median step (``flush_cost_per_step_us``), to the mean step
+(``flush_mean_cost_per_step_us``: a step that needs the GIL while the flush holds it waits) and
+to the CPU (``flush_cpu_per_step_us``); its rows arrive at exit, so it is not held to the sample
+count.
 
 With ``--against REV`` each round also runs REV's probe (checked out into a temporary git
 worktree, booted from there) beside this tree's: ``cost_vs_against_us`` is the median over
@@ -123,7 +127,8 @@ if prof is not None:
     flush.disable()
     print("PROFILE=" + json.dumps({"loop": costliest(prof, 40), "flush": costliest(flush, 15)}))
 times = sorted(times[__SKIP__:])
-print(f"cpu_us={cpu * 1e6:.3f} median_us={times[len(times) // 2] * 1e6:.3f}")
+median, mean = times[len(times) // 2], sum(times) / len(times)
+print(f"cpu_us={cpu * 1e6:.3f} median_us={median * 1e6:.3f} mean_us={mean * 1e6:.3f}")
 """
 
 
@@ -144,11 +149,13 @@ def _loop_output(steps: int, env: dict[str, str], collective: bool, profile: boo
     ).stdout  # fmt: skip
 
 
-def run_loop(steps: int, env: dict[str, str], collective: bool = False) -> tuple[float, float]:
-    """(CPU time per step, median wall time per step), in microseconds."""
+def run_loop(
+    steps: int, env: dict[str, str], collective: bool = False
+) -> tuple[float, float, float]:
+    """(CPU time per step, median and mean wall time per step), in microseconds."""
     out = _loop_output(steps, env, collective, profile=False)
-    fields = dict(kv.split("=") for kv in out.split()[-2:])
-    return float(fields["cpu_us"]), float(fields["median_us"])
+    fields = dict(kv.split("=") for kv in out.split()[-3:])
+    return float(fields["cpu_us"]), float(fields["median_us"]), float(fields["mean_us"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             order = names[i % len(names) :] + names[: i % len(names)]
             row: dict[str, Any] = {"order": order}
             for name in order:
-                cpu, wall = run_loop(args.steps, arms[name], args.collective)
+                cpu, wall, mean = run_loop(args.steps, arms[name], args.collective)
                 samples, budgets, counts = received(intake, probed=name != "plain")
-                row[name] = {"wall_us": wall, "cpu_us": cpu, "samples": samples,
+                row[name] = {"wall_us": wall, "mean_us": mean, "cpu_us": cpu, "samples": samples,
                              "budgets": budgets, "flops_cost_s": counts}  # fmt: skip
             rounds.append(row)
             print(f"round {i + 1}/{args.pairs}: " + "; ".join(
@@ -237,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {
         "probe_cost_per_step_us": wall_cost,
         "probe_cpu_per_step_us": cpu_cost,
+        # The mean holds what a median step leaves out: work on some steps only (a forward
+        # whose activations are sampled; the FLOP count is in the skipped warm-up).
+        "probe_mean_cost_per_step_us": cost(probe, "plain", "mean_us"),
         "cpu_overhead_pct_at_reference_step": _pct(cpu_cost, step_ms),
         "plain_step_us_median": round(statistics.median(q["plain"]["wall_us"] for q in rounds), 2),
         "reference_step_ms": step_ms,
@@ -266,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 "probe_without_memory_cost_per_step_us": cost("memory_off", "plain", "wall_us"),
                 "probe_without_memory_cpu_per_step_us": cost("memory_off", "plain", "cpu_us"),
                 "memory_cost_per_step_us": mem_wall,
+                "memory_mean_cost_per_step_us": cost("memory_on", "memory_off", "mean_us"),
                 "memory_cpu_per_step_us": mem_cpu,
                 "memory_overhead_pct_at_reference_step": _pct(mem_wall, step_ms),
                 "memory_cpu_overhead_pct_at_reference_step": _pct(mem_cpu, step_ms),
@@ -278,12 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.flush_off:
         summary["flush_cost_per_step_us"] = cost(probe, "flush_off", "wall_us")
+        summary["flush_mean_cost_per_step_us"] = cost(probe, "flush_off", "mean_us")
         summary["flush_cpu_per_step_us"] = cost(probe, "flush_off", "cpu_us")
     if worktree is not None:
         summary["against"] = args.against
         summary["cost_vs_against_us"] = cost(probe, "against", "wall_us")
         summary["cpu_vs_against_us"] = cost(probe, "against", "cpu_us")
         summary["against_cost_per_step_us"] = cost("against", "plain", "wall_us")
+        summary["mean_cost_vs_against_us"] = cost(probe, "against", "mean_us")
+        summary["against_mean_cost_per_step_us"] = cost("against", "plain", "mean_us")
     name = "probe_hotpath" + ("_memory" if args.memory else "")
     name += "_against" if worktree is not None else ""
     name += "_collective" if args.collective else ""

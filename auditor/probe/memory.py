@@ -24,9 +24,8 @@ term exactly, inside the training rank, from the tensors themselves:
   process here), so it runs with a budget measurement only: the first, any whose fixed part
   changed, and otherwise at most once every ``scan_interval_s`` (5 minutes) of wall time,
   whatever the step rate: under 0.02% of the run.
-* **Activations** (:meth:`MemoryMeter.forward_begin` / ``forward_end``): on every
-  ``activations_every``-th step (default every 10th step: the hooks cost a Python call per
-  saved tensor) the model's forward runs inside ``torch.autograd.graph.saved_tensors_hooks``;
+* **Activations** (:meth:`MemoryMeter.forward_begin` / ``forward_end``): on a sampled forward
+  the model's forward runs inside ``torch.autograd.graph.saved_tensors_hooks``;
   the pack hook records each saved tensor's storage (unique storages once) and returns the
   tensor unchanged. Parameters saved for backward (a weight, ``weight.t()``) are not activations:
   storages of the model's parameters, and leaves that require grad and their views, are left
@@ -34,6 +33,14 @@ term exactly, inside the training rank, from the tensors themselves:
   own hooks inside the forward; theirs take precedence for what they hold (tensors the
   checkpoint recomputes are not kept, so they are rightly not counted). What the loss computed
   outside the model's forward saves is not counted.
+
+  Which forwards are sampled: the hooks cost a Python call per saved tensor (a sampled forward
+  of a 12-layer GPT-2 costs milliseconds: ``bench/memory_sampling.py``), and a model's
+  activations per sample stay the same while its input's shape does. So the first forward is
+  sampled, then every ``activations_every``-th (default 10); each sample within a twentieth
+  of the one before doubles the interval, up to every ``ACTIVATIONS_EVERY_MAX``-th (640th)
+  forward, and a sample that moved (a longer sequence, another model) brings it back to every
+  ``activations_every``-th.
 
 When: after an optimizer step, the first time and then every ``check_every`` steps (at most once
 every ``check_interval_s``); a message goes out only when something changed (the fixed part,
@@ -55,8 +62,11 @@ from typing import Any
 
 from auditor.samples import MemoryBudget
 
-# Every 10th step the forward's saved tensors are measured (a Python call per saved tensor).
+# The forward's saved tensors are measured every 10th forward (a Python call per saved tensor),
+# and less often, down to every 640th, while each sample holds within a twentieth of the last.
 ACTIVATIONS_EVERY = 10
+ACTIVATIONS_EVERY_MAX = 640
+ACTIVATIONS_HOLD = 1 / 20
 # The fixed part (a walk over parameters and state) and the host's memory (/proc/meminfo) are
 # measured again every 50th optimizer step, but at most once every 10 s.
 CHECK_EVERY = 50
@@ -278,6 +288,11 @@ class MemoryMeter:
         self._last_optimizer: weakref.ref[Any] | None = None
         self._steps = 0  # optimizer steps seen
         self._forwards = 0  # top-level forwards of the model seen
+        # The forward sampled next (the first is), and the interval after the last sample.
+        self._next_sample = 1
+        self._sampled_at = 0
+        self._interval = self.activations_every
+        self.samples = 0  # forwards whose activations were measured
         self._last_check = -1
         self._last_check_t = 0.0
         self._host: dict[str, int] = {}
@@ -308,8 +323,11 @@ class MemoryMeter:
         except Exception:
             return
         self._forwards += 1
-        if self._hooks is not None or (self._forwards - 1) % self.activations_every:
+        if self._hooks is not None or self._forwards < self._next_sample:
             return
+        # The next one at this interval; a sample that holds stretches it (forward_end).
+        self._sampled_at = self._forwards
+        self._next_sample = self._forwards + self._interval
         if self._unsampled is None or model is not self.model:
             # DataParallel runs each replica's forward on a thread of its own, where hooks
             # entered on this thread do not reach: not sampled rather than undercounted.
@@ -342,7 +360,21 @@ class MemoryMeter:
         total = sum(self._saved.values())
         self._saved = {}
         if self._batch and total:
+            self._schedule(total / self._batch)
             self._act = (total, int(self._batch), self._steps)
+
+    def _schedule(self, per_sample: float) -> None:
+        """A sample of ``per_sample`` activation bytes was taken: the next one comes at twice
+        the interval if it held within a twentieth of the last one, else at the base interval."""
+        self.samples += 1
+        before = self._act[0] / self._act[1] if self._act is not None else None
+        if before is not None and abs(per_sample - before) <= ACTIVATIONS_HOLD * before:
+            self._interval = min(
+                2 * self._interval, max(ACTIVATIONS_EVERY_MAX, self.activations_every)
+            )
+        else:
+            self._interval = self.activations_every
+        self._next_sample = self._sampled_at + self._interval
 
     def _pack(self, t: Any) -> Any:
         try:

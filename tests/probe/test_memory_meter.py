@@ -71,6 +71,46 @@ def test_activations_exclude_parameters_and_sample_every_nth_step() -> None:
     assert meter._forwards == 7  # every forward seen, one in three measured
 
 
+def _sampled_forwards(
+    meter: MemoryMeter, model: nn.Module, inputs: list[torch.Tensor]
+) -> list[int]:
+    """The forwards (1-based) on which ``meter`` measured the activations, one input each."""
+    sampled = []
+    for i, x in enumerate(inputs, 1):
+        before = meter.samples
+        meter.forward_begin(model, int(x.shape[0]))
+        try:
+            model(x).sum().backward()
+        finally:
+            meter.forward_end()
+        if meter.samples > before:
+            sampled.append(i)
+    return sampled
+
+
+def test_activations_that_hold_are_sampled_less_and_less_often() -> None:
+    """The first forward, then every 10th; each sample that holds doubles the interval, up to
+    every 640th forward."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    meter = MemoryMeter(torch, rank=lambda: 0, scan=False)
+    x = torch.randn(4, 8)
+    sampled = _sampled_forwards(meter, model, [x] * 2000)
+    assert sampled == [1, 11, 31, 71, 151, 311, 631, 1271, 1911]
+    assert meter._act is not None and meter._act[:2] == (4 * (8 + 16) * 4, 4)
+
+
+def test_activations_that_move_are_sampled_at_the_base_interval_again() -> None:
+    """A longer sequence saves more per sample: the sample that sees it brings the interval
+    back to every 10th forward, and the next sample holds again from there."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    meter = MemoryMeter(torch, rank=lambda: 0, scan=False)
+    short, long = torch.randn(4, 6, 8), torch.randn(4, 12, 8)
+    sampled = _sampled_forwards(meter, model, [short] * 100 + [long] * 100)
+    # 1, 11, 31, 71 on the short sequence; the next (151) sees the long one: every 10th again.
+    assert sampled == [1, 11, 31, 71, 151, 161, 181]
+    assert meter._act is not None and meter._act[:2] == (4 * 12 * (8 + 16) * 4, 4)
+
+
 def test_coexists_with_activation_checkpointing() -> None:
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
