@@ -35,7 +35,7 @@ term exactly, inside the training rank, from the tensors themselves:
   outside the model's forward saves is not counted.
 
   Which forwards are sampled: the hooks cost a Python call per saved tensor (a sampled forward
-  of a 12-layer GPT-2 costs milliseconds: ``bench/memory_sampling.py``), and a model's
+  of a 12-layer transformer costs milliseconds: ``bench/memory_sampling.py``), and a model's
   activations per sample stay the same while its input's shape does. So the first forward is
   sampled, then every ``activations_every``-th (default 10); each sample within a twentieth
   of the one before doubles the interval, up to every ``ACTIVATIONS_EVERY_MAX``-th (640th)
