@@ -34,7 +34,7 @@ Eight groups of checks, one line each (``holds`` / ``falls short``, with the fig
    (autocast) and in fp32 with TF32 off: the FLOPs the probe counted within 2% of the exact
    count, all in the job's dtype; each rank's MFU its FLOP/s over the peak table's figure for
    the card and dtype (within 1%); the bf16 job's FLOP/s at least 3x the fp32 one's, the fp32
-   job's report booking most of its time to precision (bf16 would give back half of it or more)
+   job's report booking half or more of its steps' time to precision (what bf16 would give back)
    with a ``low_mfu`` finding. (Its MFU against the fp32 peak is the card's fp32 matmul
    efficiency, near the bf16 job's: MFU is judged at the peak of the dtype the FLOPs ran in.)
    And the bf16 job half-starved (each batch read for as long as two steps compute: the read
@@ -965,20 +965,26 @@ def _precision_check(plan: Plan, bf16: dict[str, Any], fp32: dict[str, Any]) -> 
     """The bf16 job does several times the fp32 job's work. Each MFU is against the peak of
     the dtype its FLOPs ran in (the contract's), so the two MFUs are both near the card's
     matmul efficiency; what bf16 multiplies is the FLOP/s, and the fp32 job's report says how
-    much of its time bf16 would give back (``job.mfu.precision``)."""
+    much of its time bf16 would give back (``job.mfu.precision``, a share of the whole run).
+    Half or more of its steps' time, that is: an 8 s job's start-up is half its run or more, and
+    its length is the machine's, so the share of the whole run is judged over the steps (the run
+    less its start-up and teardown shares, ``job.mfu.gap``)."""
     rb = (bf16["ranks"][0].get("flops") or {}).get("flops_per_s")
     rf = (fp32["ranks"][0].get("flops") or {}).get("flops_per_s")
     mb = (bf16["job"].get("mfu") or {}).get("mfu")
-    mf = (fp32["job"].get("mfu") or {}).get("mfu")
-    precision = (fp32["job"].get("mfu") or {}).get("precision")
+    work = fp32["job"].get("mfu") or {}
+    mf, precision, gap = work.get("mfu"), work.get("precision") or 0.0, work.get("gap") or {}
+    steps = 1.0 - gap.get("startup", 0.0) - gap.get("teardown", 0.0)
+    of_steps = precision / steps if steps > 0 else 0.0
     low = any(f["kind"] == "low_mfu" for f in fp32["findings"])
     ratio = rb / rf if rb and rf else None
-    holds = ratio is not None and ratio >= PRECISION_RATIO and (precision or 0) >= 0.5 and low
+    holds = ratio is not None and ratio >= PRECISION_RATIO and of_steps >= 0.5 and low
     return Check(
         "mfu.bf16_over_fp32",
         holds or (plan.dry_run and ratio is not None),
         f"bf16 {rb:.4g} FLOP/s against fp32 {rf:.4g} ({ratio:.1f}x); MFU bf16 {mb}, fp32 {mf}; "
-        f"the fp32 job's bf16 share to give back {precision}, low_mfu on it: {low}"
+        f"the fp32 job's bf16 share to give back {precision:.3f} of its run, {of_steps:.3f} of "
+        f"its steps ({steps:.3f} of the run); low_mfu on it: {low}"
         if ratio is not None
         else f"no FLOP/s: bf16 {rb}, fp32 {rf}",
     )
