@@ -15,7 +15,12 @@ def batch_size_of(batch: Any, _depth: int = 0) -> int | None:
         return None
     if isinstance(batch, (list, tuple)):
         for item in batch:
-            n = batch_size_of(item, _depth + 1)
+            # A tensor item read here (the common ``(x, y)`` batch): one call a batch, not two.
+            shape = getattr(item, "shape", None)
+            if shape is not None:
+                n = int(shape[0]) if len(shape) else None
+            else:
+                n = batch_size_of(item, _depth + 1)
             if n is not None:
                 return n
     elif isinstance(batch, dict):

@@ -117,7 +117,9 @@ def shape_of(batch: Any, _depth: int = 0) -> Any:
         return None
     if isinstance(batch, (list, tuple)):
         for item in batch:
-            s = shape_of(item, _depth + 1)
+            # A tensor item read here (the common ``model(x)``): one call a forward, not two.
+            s = getattr(item, "shape", None)
+            s = (s if len(s) else None) if s is not None else shape_of(item, _depth + 1)
             if s is not None:
                 return s
     elif isinstance(batch, dict):

@@ -32,6 +32,14 @@ from .sink import Sink, flops_message, memory_message, step_message
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
 _N = TypeVar("_N", int, float)
 
+# The host-to-device window writes torch.Tensor's class to open and close (``patches/h2d.py``),
+# which costs every later tensor call a few microseconds a step. A loop whose batches are not
+# copied (a CPU job, a loader that hands device tensors) stops paying it: after this many windows
+# in a row without a copy, the window opens on every H2D_RECHECK_EVERY-th batch only, until one
+# sees a copy again.
+H2D_IDLE_WINDOWS = 8
+H2D_RECHECK_EVERY = 64
+
 
 def _script_name() -> str:
     name = os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0]
@@ -102,6 +110,9 @@ class Probe:
         self._coll_depth = 0  # inside a timed collective: nested ones are part of it
         self._h2d_open = False
         self._h2d_swap: Callable[[bool], None] | None = None
+        self.h2d_copied = False  # the open window timed a copy
+        self._h2d_idle = 0  # windows in a row that saw no copy
+        self._h2d_skipped = 0  # batches without a window since the last one
         # CPU clock until the first training event shows whether this process trains on CUDA.
         self.clock = StepClock(rank=self.rank, timer=CpuTimer())
         # The memory budget (auditor.probe.memory): on unless AUDITOR_PROBE_MEMORY=0.
@@ -316,13 +327,20 @@ class Probe:
     def open_h2d(self) -> None:
         """A batch is in hand: time the copy calls until the step's first forward."""
         if not self._h2d_open and self._h2d_swap is not None:
+            if self._h2d_idle >= H2D_IDLE_WINDOWS:
+                self._h2d_skipped += 1
+                if self._h2d_skipped < H2D_RECHECK_EVERY:
+                    return
+                self._h2d_skipped = 0
             self._h2d_swap(True)
             self._h2d_open = True
+            self.h2d_copied = False
 
     def close_h2d(self) -> None:
         if self._h2d_open and self._h2d_swap is not None:
             self._h2d_swap(False)
             self._h2d_open = False
+            self._h2d_idle = 0 if self.h2d_copied else self._h2d_idle + 1
 
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) must not report as the rank it was forked from."""

@@ -3,6 +3,7 @@
 Timed only between a batch's arrival and the step's first forward (the methods are swapped in
 for that window only, so a model's own ``.to`` calls cost nothing), and never inside a collective
 (the object collectives move their pickled bytes with ``.to``: that is the collective's wait).
+A loop whose windows see no copy opens one on every 64th batch only (``probe.H2D_IDLE_WINDOWS``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def hook_h2d(probe: Probe, torch: Any) -> None:
                 or clock.in_phase in (PHASE_H2D, PHASE_COLLECTIVE)
             ):
                 return orig(self, *args, **kwargs)
+            probe.h2d_copied = True
             clock.h2d_begin()
             try:
                 return orig(self, *args, **kwargs)

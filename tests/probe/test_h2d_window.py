@@ -1,0 +1,83 @@
+"""The host-to-device window in a real loop: a loop that copies its batches has every copy
+timed; a loop that stops making copies stops paying for the window, and one that starts making
+them again has them timed within ``H2D_RECHECK_EVERY`` batches, then on every batch."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from auditor.probe.probe import H2D_IDLE_WINDOWS, H2D_RECHECK_EVERY
+from auditor.samples import StepSample
+
+from . import Job, JobResult
+
+STEPS = 300
+COPIES_FROM = 100  # the "late" loop copies its batches from this step on
+
+SCRIPT = """
+import sys, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+steps, copies_from = int(sys.argv[1]), int(sys.argv[2])
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = DataLoader(TensorDataset(torch.randn(steps, 8), torch.randn(steps, 2)), batch_size=1)
+for i, (x, y) in enumerate(data):
+    if i >= copies_from:  # the batch's copy: a real one on CPU, through float64
+        x = x.to(torch.float64).to(torch.float32)
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("DONE=1", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[dict[str, JobResult]]:
+    with tempfile.TemporaryDirectory(prefix="aud") as tmp:
+        script = Path(tmp) / "copies.py"
+        script.write_text(SCRIPT)
+        started = {
+            name: Job([str(script), str(STEPS), str(first)])
+            for name, first in (("always", 0), ("late", COPIES_FROM))
+        }
+        out = {}
+        for name, job in started.items():
+            res = job.result(timeout=240, wait_rank_s=20)
+            assert res.returncode == 0 and "DONE=1" in res.stdout, res.stderr[-3000:]
+            out[name] = res
+        yield out
+
+
+def steps_of(res: JobResult) -> list[StepSample]:
+    steps = sorted(res.steps, key=lambda s: s.step)
+    assert len(steps) >= STEPS - 1, f"{len(steps)} steps"
+    return steps
+
+
+def test_a_loop_that_copies_every_batch_has_every_copy_timed(
+    runs: dict[str, JobResult],
+) -> None:
+    untimed = [s.step for s in steps_of(runs["always"]) if s.h2d_s <= 0.0]
+    assert untimed == [], f"copies not timed on steps {untimed}"
+
+
+def test_copies_that_start_late_are_timed_within_the_recheck_interval(
+    runs: dict[str, JobResult],
+) -> None:
+    steps = steps_of(runs["late"])
+    assert all(s.h2d_s == 0.0 for s in steps if s.step < COPIES_FROM)
+    timed = [s.step for s in steps if s.h2d_s > 0.0]
+    # Windows on batches 0..IDLE-1, then on every RECHECK-th: the first copy seen is the first
+    # recheck at or after COPIES_FROM; from there on every batch has its window.
+    first = H2D_IDLE_WINDOWS - 1
+    while first < COPIES_FROM:
+        first += H2D_RECHECK_EVERY
+    assert timed == list(range(first, steps[-1].step + 1)), timed[:5]
