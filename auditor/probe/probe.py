@@ -27,7 +27,7 @@ from auditor.samples import OFF_THREAD_COLLECTIVES, LoaderConfig, RankInfo
 from .clock import CpuTimer, CudaTimer, StepClock
 from .flops import COUNT_AT_STEP, FlopMeter, shape_of
 from .memory import ACTIVATIONS_EVERY, MemoryMeter
-from .sink import Sink, flops_message, memory_message, step_message
+from .sink import FLUSH_S, Sink, flops_message, memory_message, step_message
 
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
 _N = TypeVar("_N", int, float)
@@ -140,7 +140,7 @@ class Probe:
             self.sink_path,
             collect=self._collect,
             hello=self._hello,
-            interval_s=_env_number("AUDITOR_PROBE_FLUSH_S", 0.5, float),
+            interval_s=_env_number("AUDITOR_PROBE_FLUSH_S", FLUSH_S, float),
         )
 
     # --- identity ------------------------------------------------------------------------------
