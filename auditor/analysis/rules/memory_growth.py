@@ -9,7 +9,7 @@ Series, per rank, over its whole run (:attr:`Snapshot.history`: every step folde
   from the device), each judged on its own;
 * a CPU rank, or a GPU rank whose probe sent no allocator figures: the process's host RSS.
 
-Points: each bucket's level at its last step. The probe reads RSS once per flush (every half
+Points: each bucket's level at its last step. The probe reads RSS once per flush (four times a
 second), so the steps of one flush share one level: a climbing RSS is a staircase.
 
 Decision, per series: skip the warm-up (the caching allocator, cuDNN's autotuning, DataLoader
@@ -30,8 +30,9 @@ to single jumps, and a flat stretch weighs as the steps it lasts. A series *clim
   new buffer or a collective's scratch space and then held flat, reads as a late climb on the
   halves alone; memory the allocator hands back now and then does not end a leak).
 
-The rate is the span's slope (the later half's where it is steeper by half again: the climb
-sped up, or started late); per minute at the rank's step rate over the later half of the span
+The rate is the span's slope, or the later half's where that is steeper (the climb sped up, or
+started late: the span's slope reads a climb that began 40% into the span at three quarters of
+its rate); per minute at the rank's step rate over the later half of the span
 (bucket wall-clock times). ``since_step``: the first step from which the points keep to that
 line (within the noise band, a stray point or two aside), warm-up included.
 
@@ -132,8 +133,9 @@ _ON_LINE_RISE = 0.05
 # Walking back along the line, the climb's start is where more than this share of the points
 # walked are off it (a stray point or two does not end it).
 _OFF_LINE = 0.1
-# A later half steeper than the span by this factor sets the rate (the climb sped up).
-_SPED_UP = 1.5
+# A later half steeper than the span by this factor sets the rate (the climb sped up, or started
+# late: flat for the first 40% of the span, the span's Theil-Sen slope reads 0.75 of the climb's).
+_SPED_UP = 1.0
 # The share of the span, at its end, that must still climb (not a level shift).
 _RECENT = 1 / 3
 # 1.4826 x the median absolute deviation estimates a normal spread.
