@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+_SEQUENCES = (tuple, list)
+
 
 def batch_size_of(batch: Any, _depth: int = 0) -> int | None:
     """Samples in a batch: the leading dimension of its first tensor (tuples, lists, dicts)."""
+    if type(batch) in _SEQUENCES and batch and _depth <= 3:
+        # The common ``(x, y)`` batch, read first: once a batch, a line saved is worth it.
+        shape = getattr(batch[0], "shape", None)
+        if shape:  # a tensor with a dimension (an empty shape falls through to the walk)
+            return int(shape[0])
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else None

@@ -63,9 +63,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from auditor.samples import StepSample
 
@@ -75,6 +74,18 @@ PHASE_OUTSIDE = 6
 # The named work that ends where training resumes (see ``StepClock.outside_begin``).
 EVALUATION = "evaluation"
 _N_TIMED = 5  # phases whose spans the timer measures (data wait is on the host clock)
+# The phase stack's entry of each counted phase without a name: pushed as is (no tuple built),
+# and known by identity where it is the only phase open (``StepClock._pop``).
+_COUNTED = tuple((phase, True, None) for phase in range(PHASE_OUTSIDE + 1))
+_H2D, _FORWARD, _BACKWARD, _OPTIMIZER = (
+    _COUNTED[p] for p in (PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
+)
+# The loader's CPU time (``StepSample.data_cpu_s``, a system call around each batch) is read on
+# every step after one that waited this long for data, and on every DATA_CPU_EVERY-th step
+# otherwise: where the wait is short the loading costs the step little, and a fast loop is not
+# taxed for a figure nobody needs on each step.
+DATA_CPU_MIN_WAIT_S = 0.001
+DATA_CPU_EVERY = 16
 # The name the DDP gradient all-reduce wait has in ``StepSample.collective_ops``.
 DDP_ALLREDUCE = "ddp_allreduce"
 
@@ -153,11 +164,13 @@ Span = tuple[int, Any, Any, "str | None"]
 
 
 _NO_MEMORY: tuple[None, None, None] = (None, None, None)
+# ``PendingStep`` from a tuple in one call (what ``PendingStep._make`` does, less its checks).
+_new_step = tuple.__new__
 
 
-@dataclass(slots=True)
-class PendingStep:
-    """A closed step whose device-side phase marks may still be in flight."""
+class PendingStep(NamedTuple):
+    """A closed step whose device-side phase marks may still be in flight. Built on the hot
+    path with ``tuple.__new__`` (one call, where a class's ``__init__`` runs a line a field)."""
 
     step: int
     wall_time: float
@@ -168,22 +181,22 @@ class PendingStep:
     # DDP gradient all-reduce wait (host clock); None: no DDP bucket seen this step.
     ddp_wait_s: float | None
     collectives_seen: bool
-    spans: list[Span] = field(default_factory=list)
+    spans: list[Span]
     # Bytes each collective carried this step (NCCL-tests' size: what the bus bandwidth is
     # computed from), by the name its time is booked under.
-    coll_bytes: dict[str, int] = field(default_factory=dict)
-    memory: tuple[int | None, int | None, int | None] = (None, None, None)
+    coll_bytes: dict[str, int]
+    memory: tuple[int | None, int | None, int | None]
     # The DataLoader batches of known size the step consumed (its micro-batches; several under
     # gradient accumulation); 1 where it saw none.
-    micro_batches: int = 1
+    micro_batches: int
     # Device timer only (None / empty with the host clock): the step's first mark and the next
     # step's, the marks around each data wait, the last bucket's launch and backward's end.
-    start_mark: Any = None
-    end_mark: Any = None
-    data_marks: list[tuple[Any, Any]] = field(default_factory=list)
-    ddp_marks: tuple[Any, Any] | None = None
+    start_mark: Any
+    end_mark: Any
+    data_marks: Sequence[tuple[Any, Any]]
+    ddp_marks: tuple[Any, Any] | None
     # Marks of this step read by nothing (earlier buckets' launches): released with it.
-    spare_marks: list[Any] = field(default_factory=list)
+    spare_marks: Sequence[Any]
 
     def marks(self) -> list[Any]:
         """Every mark the step's figures read."""
@@ -231,15 +244,19 @@ class StepClock:
         # trains (an evaluation loop's batches have none; see the probe's DataLoader hook).
         self.updates = 0
         self.saw_loader = False
+        # The loader's CPU time is read this step (DATA_CPU_MIN_WAIT_S).
+        self.cpu_due = True
         # Set by the probe when the DDP gradient all-reduce cannot be timed (a builtin C++ comm
         # hook): the step's collective wait is then not measured at all, rather than partial.
         self.collective_unmeasured = False
         # Open phases, innermost last: [phase, counted, name]. Only the innermost counted one
-        # has an open segment, which started at ``_seg``.
+        # has an open segment, which started at ``_seg``. ``open_phases`` is the same list, for
+        # the hooks to read (changed in place only, never replaced).
         self._stack: list[tuple[int, bool, str | None]] = []
+        self.open_phases = self._stack
         self._top = -1  # index of the innermost counted entry, -1: none
         self._seg: Any = None
-        self._backward_depth = 0
+        self.backward_depth = 0  # counted backward phases open
         # Inside a DDP communication hook: collectives called there are the gradient all-reduce,
         # timed by the hook's own window (never twice).
         self.hook_depth = 0
@@ -248,6 +265,11 @@ class StepClock:
         # A backward or an optimizer step ended an evaluation: the script trains in eval mode
         # (frozen batch norm, no dropout); no evaluation is named until the model trains again.
         self.trains_in_eval = False
+        # Inside the loader's ``__next__`` (its own collectives are part of the data wait), and
+        # inside an evaluation loop's (none of the step's).
+        self._in_data = False
+        self._data_outside = False
+        self._reset_marks()
         self._reset(None)
 
     def use(
@@ -261,15 +283,15 @@ class StepClock:
         self._dev = timer.device
         self._mark = timer.mark
         self._memory = memory
+        self._reset_marks()
 
     def _reset(self, start: float | None) -> None:
+        """A new step's tallies (once a step: only what a step adds to)."""
         self._start = start
         self._data_wait = 0.0
-        self._data_cpu = 0.0
-        self._data_seen = False
+        self._data_cpu: float | None = None  # None: no loader CPU time read this step
         self._batch = 0
-        self._batches = 0
-        self._batch_known = False
+        self._batches = 0  # batches of known size (their sizes sum to ``_batch``)
         self._spans: list[Span] = []
         self._opt_done = False
         self._cw_launch = 0.0
@@ -277,8 +299,11 @@ class StepClock:
         self._cw_seen = False
         self._coll_seen = False
         self._coll_bytes: dict[str, int] = {}
-        self._in_data = False
-        self._data_outside = False
+        if self._dev:
+            self._reset_marks()
+
+    def _reset_marks(self) -> None:
+        """A new step's device marks (a host timer's steps keep these empty)."""
         self._data_marks: list[tuple[Any, Any]] = []
         self._cw_mark: Any = None
         self._bwd_end: Any = None
@@ -297,10 +322,30 @@ class StepClock:
             if outer[0] != PHASE_DATA:
                 self._spans.append((outer[0], self._seg, m, outer[2]))
         self._top = len(stack)
-        stack.append((phase, True, name))
+        stack.append(_COUNTED[phase] if name is None else (phase, True, name))
         self._seg = m
         if phase == PHASE_BACKWARD:
-            self._backward_depth += 1
+            self.backward_depth += 1
+
+    def _push(self, entry: tuple[int, bool, str | None]) -> None:
+        """Open a ``_COUNTED`` phase where none is open: what :meth:`_open` then does, for
+        less (the common case of every step's phases, and a hook's cost is its lines)."""
+        self._seg = self._mark()
+        self._top = 0
+        self._stack.append(entry)
+
+    def _pop(self, entry: tuple[int, bool, str | None]) -> bool:
+        """Close a ``_COUNTED`` phase where it is the only one open: what :meth:`_close_phase`
+        then does, for less; False (nothing done) where it is not."""
+        stack = self._stack
+        if len(stack) != 1 or stack[0] is not entry:
+            return False
+        m = self._mark()
+        self._spans.append((entry[0], self._seg, m, None))
+        self._seg = m
+        stack.pop()
+        self._top = -1
+        return True
 
     def _close_phase(self, phase: int) -> bool:
         """Close the innermost open ``phase`` (and anything left open inside it); False if it
@@ -315,7 +360,7 @@ class StepClock:
             self._seg = m
             if phase == PHASE_BACKWARD:
                 self._bwd_end = m
-                self._backward_depth -= 1
+                self.backward_depth -= 1
             elif phase == PHASE_OUTSIDE:
                 self._outside_depth -= 1
             stack.clear()
@@ -336,7 +381,7 @@ class StepClock:
                 self._bwd_end = m
             for entry in stack[i:]:
                 if entry[1] and entry[0] == PHASE_BACKWARD:
-                    self._backward_depth -= 1
+                    self.backward_depth -= 1
                 elif entry[0] == PHASE_OUTSIDE:
                     self._outside_depth -= 1
             del stack[i:]
@@ -348,15 +393,6 @@ class StepClock:
         else:  # only uncounted entries (a recompute's forward) from it up: nothing was booked
             del stack[i:]
         return True
-
-    @property
-    def in_backward(self) -> bool:
-        return self._backward_depth > 0
-
-    @property
-    def in_phase(self) -> int | None:
-        """The innermost open phase (counted or not), None outside every phase."""
-        return self._stack[-1][0] if self._stack else None
 
     # --- events, called on the training thread -------------------------------------------------
     def _begin(self) -> None:
@@ -398,56 +434,76 @@ class StepClock:
             self._data_marks.append((self._data_open, self._mark()))
             self._data_open = None
         if cpu_s is not None:
-            self._data_cpu += cpu_s
-            self._data_seen = True
+            self._data_cpu = cpu_s if self._data_cpu is None else self._data_cpu + cpu_s
         if batch_size is not None:
             self._batch += batch_size
             self._batches += 1
-            self._batch_known = True
         if self._stack and self._stack[-1][0] == PHASE_DATA:
             self._close_phase(PHASE_DATA)
 
+    # A phase opened where none is open (the stack is empty: so not inside backward, nor inside
+    # named work) takes the short way (``_push``/``_pop``); the rest, ``_open``/``_close_phase``.
     def h2d_begin(self) -> None:
         """The loop copies its batch to the device (``Tensor.to`` and kin, batch in hand)."""
         if self._start is None:
             self._begin()
-        self._open(PHASE_H2D, counted=not self._outside_depth)
+        if self._stack:
+            self._open(PHASE_H2D, counted=not self._outside_depth)
+        else:
+            self._push(_H2D)
 
     def h2d_end(self) -> None:
-        self._close_phase(PHASE_H2D)
+        if not self._pop(_H2D):
+            self._close_phase(PHASE_H2D)
 
     def forward_begin(self) -> None:
         if self._start is None:
             self._begin()
-        # A forward inside backward is activation checkpointing's recompute: backward's cost.
-        self._open(PHASE_FORWARD, counted=self._backward_depth == 0 and not self._outside_depth)
+        if self._stack:
+            # A forward inside backward is activation checkpointing's recompute: backward's.
+            self._open(PHASE_FORWARD, counted=self.backward_depth == 0 and not self._outside_depth)
+        else:
+            self._push(_FORWARD)
 
     def forward_end(self) -> None:
-        self._close_phase(PHASE_FORWARD)
+        if not self._pop(_FORWARD):
+            self._close_phase(PHASE_FORWARD)
 
     def backward_begin(self) -> None:
         if self._start is None:
             self._begin()
-        if self._outside_depth:
-            self._training_resumes()
         self.updates += 1
-        self._open(PHASE_BACKWARD, counted=not self._outside_depth)
+        if self._stack:
+            if self._outside_depth:
+                self._training_resumes()
+            self._open(PHASE_BACKWARD, counted=not self._outside_depth)
+        else:
+            self._push(_BACKWARD)
+            self.backward_depth += 1
 
     def backward_end(self) -> None:
-        self._close_phase(PHASE_BACKWARD)
+        if self._pop(_BACKWARD):
+            self._bwd_end = self._seg
+            self.backward_depth -= 1
+        else:
+            self._close_phase(PHASE_BACKWARD)
 
     def optimizer_begin(self) -> None:
         if self._start is None:
             self._begin()
-        if self._outside_depth:
-            self._training_resumes()
         self.updates += 1
-        self._open(PHASE_OPTIMIZER, counted=not self._outside_depth)
+        if self._stack:
+            if self._outside_depth:
+                self._training_resumes()
+            self._open(PHASE_OPTIMIZER, counted=not self._outside_depth)
+        else:
+            self._push(_OPTIMIZER)
 
     def optimizer_end(self) -> None:
-        self._close_phase(PHASE_OPTIMIZER)
-        if self._stack and any(e[0] == PHASE_OPTIMIZER for e in self._stack):
-            return  # an optimizer stepping inside another (a wrapper's inner optimizer)
+        if not self._pop(_OPTIMIZER):
+            self._close_phase(PHASE_OPTIMIZER)
+            if any(e[0] == PHASE_OPTIMIZER for e in self._stack):
+                return  # an optimizer stepping inside another (a wrapper's inner optimizer)
         self._opt_done = True
         if not self.saw_loader:
             self._close(self._now())
@@ -535,43 +591,47 @@ class StepClock:
             if entry[0] != PHASE_DATA:
                 self._spans.append((entry[0], self._seg, m, entry[2]))
             self._seg = m
-        start_mark = end_mark = None
+        start_mark = end_mark = ddp_marks = None
         if self._dev:
             start_mark = self._start_mark
             end_mark = m if m is not None else self._mark()
             if start_mark is None:  # no event opened the step: it starts where it ends
                 start_mark = end_mark
             self._start_mark = end_mark
-        ddp_marks = None
-        if self._cw_seen and self._cw_mark is not None and self._bwd_end is not None:
-            ddp_marks = (self._cw_mark, self._bwd_end)
-        elif self._cw_mark is not None:
-            self._spare.append(self._cw_mark)
+            if self._cw_seen and self._cw_mark is not None and self._bwd_end is not None:
+                ddp_marks = (self._cw_mark, self._bwd_end)
+            elif self._cw_mark is not None:
+                self._spare.append(self._cw_mark)
         # The wait of this rank at the gradient all-reduce: from its last bucket being ready to
         # the last all-reduce finishing. The rank the others wait for sees almost none.
         ddp = max(0.0, self._cw_done - self._cw_launch) if self._cw_seen else None
-        if len(self.pending) == self.pending.maxlen:
+        pending = self.pending
+        if len(pending) == pending.maxlen:
             self.dropped += 1
-        # Positional, in the fields' order: once a step, keywords cost a microsecond more.
-        self.pending.append(
-            PendingStep(
-                self.steps,
-                self._wall(),
-                max(0.0, t - start),
-                self._data_wait,
-                self._batch if self._batch_known else None,
-                self._data_cpu if self._data_seen else None,
-                ddp,
-                self._coll_seen,
-                self._spans,
-                self._coll_bytes,
-                self._memory() if self._memory else _NO_MEMORY,
-                max(1, self._batches),
-                start_mark,
-                end_mark,
-                self._data_marks,
-                ddp_marks,
-                self._spare,
+        batches = self._batches
+        self.cpu_due = self._data_wait >= DATA_CPU_MIN_WAIT_S or not self.steps % DATA_CPU_EVERY
+        pending.append(
+            _new_step(
+                PendingStep,
+                (
+                    self.steps,
+                    self._wall(),
+                    max(0.0, t - start),
+                    self._data_wait,
+                    self._batch if batches else None,
+                    self._data_cpu,
+                    ddp,
+                    self._coll_seen,
+                    self._spans,
+                    self._coll_bytes,
+                    self._memory() if self._memory else _NO_MEMORY,
+                    batches or 1,
+                    start_mark,
+                    end_mark,
+                    self._data_marks,
+                    ddp_marks,
+                    self._spare,
+                ),
             )
         )
         self.steps += 1
@@ -623,17 +683,17 @@ class StepClock:
                 key = name or "collective"
                 ops[key] = ops.get(key, 0.0) + d
         backward = phases[PHASE_BACKWARD]
-        step_s, data_wait_s = p.step_s, p.data_wait_s
+        step_s, data_wait_s, ddp_wait_s = p.step_s, p.data_wait_s, p.ddp_wait_s
         if p.start_mark is not None:  # a device timer: every figure on the device's timeline
             step_s = elapsed(p.start_mark, p.end_mark)
             data_wait_s = sum(elapsed(a, b) for a, b in p.data_marks)
-            if p.ddp_marks is not None and p.ddp_wait_s is not None:
-                p.ddp_wait_s = elapsed(*p.ddp_marks)
-        if p.ddp_wait_s is not None:
+            if p.ddp_marks is not None and ddp_wait_s is not None:
+                ddp_wait_s = elapsed(*p.ddp_marks)
+        if ddp_wait_s is not None:
             # The DDP wait happens inside backward (the reducer waits for its buckets there).
-            ops[DDP_ALLREDUCE] = ops.get(DDP_ALLREDUCE, 0.0) + p.ddp_wait_s
-            backward = max(0.0, backward - p.ddp_wait_s)
-        measured = (p.ddp_wait_s is not None or p.collectives_seen) and not (
+            ops[DDP_ALLREDUCE] = ops.get(DDP_ALLREDUCE, 0.0) + ddp_wait_s
+            backward = max(0.0, backward - ddp_wait_s)
+        measured = (ddp_wait_s is not None or p.collectives_seen) and not (
             self.collective_unmeasured
         )
         alloc, reserved, peak = p.memory

@@ -300,7 +300,9 @@ class MemoryMeter:
         self._last_scan: float | None = None  # monotonic time of the last scan
         self._other = 0
         self._fixed: dict[str, Any] | None = None
-        self._hooks: Any = None
+        # The saved-tensor hooks of the forward being sampled, None between samples: the probe's
+        # forward hook calls ``forward_end`` only while one is open.
+        self.sampling: Any = None
         self._unsampled: bool | None = None
         self._saved: dict[tuple[str, int], int] = {}
         self._exclude: set[tuple[str, int]] = set()
@@ -323,7 +325,7 @@ class MemoryMeter:
         except Exception:
             return
         self._forwards += 1
-        if self._hooks is not None or self._forwards < self._next_sample:
+        if self.sampling is not None or self._forwards < self._next_sample:
             return
         # The next one at this interval; a sample that holds stretches it (forward_end).
         self._sampled_at = self._forwards
@@ -345,12 +347,12 @@ class MemoryMeter:
             self._batch = batch_size
             hooks = self.torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
             hooks.__enter__()
-            self._hooks = hooks
+            self.sampling = hooks
         except Exception:
-            self._hooks = None
+            self.sampling = None
 
     def forward_end(self) -> None:
-        hooks, self._hooks = self._hooks, None
+        hooks, self.sampling = self.sampling, None
         if hooks is None:
             return
         try:
@@ -403,14 +405,14 @@ class MemoryMeter:
             self._last_optimizer = weakref.ref(optimizer)
         if model is not None:
             self.model = model
-        if self.model is None:
+        elif self.model is None:
             return
         if self._last_check < 0 or (
             self._steps - self._last_check >= self.check_every
             and time.monotonic() - self._last_check_t >= self.check_interval_s
         ):
             self.measure()
-        elif self._act is not None and self._act[:2] != self._act_queued:
+        elif (act := self._act) is not None and act[:2] != self._act_queued:
             self._queue()
 
     def measure(self) -> MemoryBudget | None:

@@ -30,6 +30,7 @@ from .memory import ACTIVATIONS_EVERY, MemoryMeter
 from .sink import FLUSH_S, Sink, flops_message, memory_message, step_message
 
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
+_get_ident = threading.get_ident
 _N = TypeVar("_N", int, float)
 
 # The host-to-device window writes torch.Tensor's class to open and close (``patches/h2d.py``),
@@ -112,7 +113,9 @@ class Probe:
         self._h2d_swap: Callable[[bool], None] | None = None
         self.h2d_copied = False  # the open window timed a copy
         self._h2d_idle = 0  # windows in a row that saw no copy
-        self._h2d_skipped = 0  # batches without a window since the last one
+        # Batches until the next window: the data hook counts it down and opens one at zero
+        # (each batch while copies are seen; every H2D_RECHECK_EVERY-th once idle).
+        self.h2d_wait = 0
         # CPU clock until the first training event shows whether this process trains on CUDA.
         self.clock = StepClock(rank=self.rank, timer=CpuTimer())
         # The memory budget (auditor.probe.memory): on unless AUDITOR_PROBE_MEMORY=0.
@@ -325,13 +328,11 @@ class Probe:
 
     # --- the host-to-device window ---------------------------------------------------------------
     def open_h2d(self) -> None:
-        """A batch is in hand: time the copy calls until the step's first forward."""
-        if not self._h2d_open and self._h2d_swap is not None:
-            if self._h2d_idle >= H2D_IDLE_WINDOWS:
-                self._h2d_skipped += 1
-                if self._h2d_skipped < H2D_RECHECK_EVERY:
-                    return
-                self._h2d_skipped = 0
+        """A batch is in hand (its window is due): time the copy calls until the step's first
+        forward."""
+        if self._h2d_swap is None:
+            self.h2d_wait = sys.maxsize  # no copy timers: no window, ever
+        elif not self._h2d_open:
             self._h2d_swap(True)
             self._h2d_open = True
             self.h2d_copied = False
@@ -341,6 +342,8 @@ class Probe:
             self._h2d_swap(False)
             self._h2d_open = False
             self._h2d_idle = 0 if self.h2d_copied else self._h2d_idle + 1
+            if self._h2d_idle >= H2D_IDLE_WINDOWS:
+                self.h2d_wait = H2D_RECHECK_EVERY
 
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) must not report as the rank it was forked from."""
@@ -369,16 +372,19 @@ class Probe:
         self._global_fwd = []
 
     def _model_pre(self, module: Any, args: Any, kwargs: Any) -> None:
-        if self.enabled and (self.active or self.activate()):
-            self.tid = threading.get_ident()
+        if self.active or (self.enabled and self.activate()):
+            self.tid = _get_ident()
             if self._h2d_open:
                 self.close_h2d()
-            self.clock.forward_begin()
-            if not self.clock.in_backward:
+            clock = self.clock
+            clock.forward_begin()
+            if not clock.backward_depth:
                 # One walk to the batch's first tensor: its size for the memory meter (the
                 # positional arguments, as before), its shape for the FLOP count (keyword
-                # arguments too: ``model(**batch)``).
-                shape = shape_of(args)
+                # arguments too: ``model(**batch)``). ``model(x)``'s is read without the walk.
+                shape = getattr(args[0], "shape", None) if args else None
+                if not shape:  # no tensor first, or one without a dimension
+                    shape = shape_of(args)
                 if self.memory is not None:
                     self.memory.forward_begin(module, int(shape[0]) if shape is not None else None)
                 if self.flops is not None:
@@ -388,15 +394,16 @@ class Probe:
 
     def _model_post(self, module: Any, args: Any, output: Any) -> None:
         if self.active:
-            if self.memory is not None:
-                self.memory.forward_end()
+            memory = self.memory
+            if memory is not None and memory.sampling is not None:
+                memory.forward_end()
             self.clock.forward_end()
 
     def _global_pre(self, module: Any, args: Any) -> None:
         if self._fwd_depth == 0 and self.enabled and (self.active or self.activate()):
             if self.model is None and self.clock.steps >= self._discover_steps:
                 self._remove_global_forward()
-            if not self.clock.in_backward:
+            if not self.clock.backward_depth:
                 self.tid = threading.get_ident()
                 if self.model is None and _is_fsdp(module):
                     self.parallel_mode = "fsdp"  # known before its first forward ends
@@ -409,7 +416,7 @@ class Probe:
         self._fwd_depth = max(0, self._fwd_depth - 1)
         if self._fwd_depth == 0 and self.active:
             self.clock.forward_end()
-            if self.model is not None or self.clock.in_backward:
+            if self.model is not None or self.clock.backward_depth:
                 return  # a top-level call inside backward is checkpointing's recompute
             if _is_fsdp(module):
                 self.parallel_mode = "fsdp"

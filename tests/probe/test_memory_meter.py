@@ -253,5 +253,5 @@ def test_a_compiled_model_is_not_sampled() -> None:
     model[0].compile()  # marks the module; nothing is compiled until it runs
     meter = MemoryMeter(torch, rank=lambda: 0, activations_every=1, scan=False)
     meter.forward_begin(model, 4)
-    assert meter._hooks is None
+    assert meter.sampling is None
     meter.forward_end()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.probe.clock import CpuTimer, StepClock
+from auditor.probe.clock import DATA_CPU_EVERY, CpuTimer, StepClock
 from auditor.samples import StepSample
 from auditor.telemetry.recorded import SCHEMA, read_recording, write_recording
 from tests.helpers.clocks import Clock, DeviceTimer
@@ -447,6 +447,23 @@ def test_data_cpu_is_summed_per_step_and_unknown_without_a_loader() -> None:
     r2.at(0, "optimizer_begin").at(1, "optimizer_end")
     (s2,) = r2.steps()
     assert s2.data_cpu_s is None
+
+
+def test_the_loader_cpu_is_read_after_a_wait_and_on_every_sixteenth_step() -> None:
+    """``cpu_due`` (the data hook reads the loader's CPU time where it says so): after a step
+    that waited a millisecond or more for data, and after every DATA_CPU_EVERY-th step."""
+    r = Replay("host")
+    due = []
+    t = 0.0
+    for step in range(2 * DATA_CPU_EVERY + 2):
+        wait = 2.0 if step == 5 else 0.1  # milliseconds
+        r.at(t, "data_begin")  # closes the step before
+        due.append(r.sc.cpu_due)
+        r.at(t + wait, "data_end", 4, None)
+        r.at(t + wait, "optimizer_begin").at(t + wait + 1, "optimizer_end")
+        t += wait + 2
+    expected = [True] + [s == 5 or s % DATA_CPU_EVERY == 0 for s in range(len(due) - 1)]
+    assert due == expected
 
 
 # --- older data: backward_s included the wait ----------------------------------------------------

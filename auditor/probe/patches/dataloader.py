@@ -41,15 +41,20 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
     orig_next = base_iter.__next__
     orig_iter = dl.DataLoader.__iter__
     clock = probe.clock
+    phases = clock.open_phases
 
     @functools.wraps(orig_next)
     def __next__(self: Any) -> Any:
-        if not probe.enabled or not (probe.active or probe.activate()):
+        if not probe.active and not (probe.enabled and probe.activate()):
             return orig_next(self)
-        if clock.in_phase is None:
+        if not phases:
             probe._fwd_depth = 0  # a batch between steps: no module call is open
         began = clock.data_begin()
-        cpu = thread_time()
+        # The main thread's CPU while it waited: the loading's cost with num_workers=0 (I/O
+        # waits cost none), about zero with workers. A read is a system call: on the steps the
+        # clock says (``StepClock.cpu_due``), not on every batch of a fast loader.
+        read_cpu = clock.cpu_due
+        cpu = thread_time() if read_cpu else 0.0
         batch = None
         try:
             batch = orig_next(self)
@@ -57,11 +62,10 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
             # Also when the loader raises (StopIteration at the end of an epoch, a worker's
             # error): the data phase ends here, or the collectives after it (a metric sync
             # between epochs) would read as part of the loader and go untimed.
-            # The main thread's CPU while it waited: the loading's cost with num_workers=0
-            # (I/O waits cost none), about zero with workers.
-            cpu = thread_time() - cpu
-            clock.data_end(began, batch_size_of(batch), cpu)
-        probe.open_h2d()
+            clock.data_end(began, batch_size_of(batch), thread_time() - cpu if read_cpu else None)
+        probe.h2d_wait -= 1
+        if probe.h2d_wait <= 0:
+            probe.open_h2d()
         seen = getattr(self, "_auditor_loader", None)
         if seen is not None:
             _loader_batch(probe, seen)
@@ -181,6 +185,13 @@ def _loader_batch(probe: Probe, seen: _SeenLoader) -> None:
     between its previous batch and this one. The rank then reports its settings and workers."""
     clock = probe.clock
     before, seen.updates = seen.updates, clock.updates
+    if seen.loader is probe.train_loader:
+        # The training loader's batch, known without a call (CPython keeps one weak reference
+        # without a callback per object: every epoch's is the same).
+        probe.train_loader_step = clock.steps
+        if probe.loader is not seen.config:  # a new epoch's workers
+            probe.loader, probe.worker_pids = seen.config, seen.worker_pids
+        return
     train = probe.train_loader() if probe.train_loader is not None else None
     loader = seen.loader()
     if loader is None:

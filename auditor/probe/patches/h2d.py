@@ -23,6 +23,7 @@ def hook_h2d(probe: Probe, torch: Any) -> None:
     """Prepares the copy timers; :meth:`Probe.open_h2d` swaps them in for a batch's window."""
     tensor = torch.Tensor
     clock = probe.clock
+    phases = clock.open_phases
     get_ident = threading.get_ident
     names = [n for n in ("to", "cuda", "pin_memory") if hasattr(tensor, n)]
     own = {n: tensor.__dict__[n] for n in names if n in tensor.__dict__}
@@ -35,7 +36,7 @@ def hook_h2d(probe: Probe, torch: Any) -> None:
             if (
                 get_ident() != probe.tid
                 or probe._coll_depth
-                or clock.in_phase in (PHASE_H2D, PHASE_COLLECTIVE)
+                or (phases and phases[-1][0] in (PHASE_H2D, PHASE_COLLECTIVE))
             ):
                 return orig(self, *args, **kwargs)
             probe.h2d_copied = True

@@ -14,7 +14,7 @@ def hook_optimizer(probe: Probe, torch: Any) -> None:
     clock = probe.clock
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if probe.enabled and (probe.active or probe.activate()):
+        if probe.active or (probe.enabled and probe.activate()):
             if probe._h2d_open:
                 probe.close_h2d()
             clock.optimizer_begin()

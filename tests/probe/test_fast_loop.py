@@ -1,6 +1,12 @@
-"""The host-to-device window in a real loop: a loop that copies its batches has every copy
-timed; a loop that stops making copies stops paying for the window, and one that starts making
-them again has them timed within ``H2D_RECHECK_EVERY`` batches, then on every batch."""
+"""What a fast real loop pays for, and what it still gets measured.
+
+The host-to-device window: a loop that copies its batches has every copy timed; a loop that
+stops making copies stops paying for the window, and one that starts making them again has them
+timed within ``H2D_RECHECK_EVERY`` batches, then on every batch.
+
+The loader's CPU time (a system call around each batch): a loader that hands out batches at
+once has it read on every ``DATA_CPU_EVERY``-th step only (a starved rank's loader, which waits,
+on every step: ``test_phases_torch.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from auditor.probe.clock import DATA_CPU_EVERY
 from auditor.probe.probe import H2D_IDLE_WINDOWS, H2D_RECHECK_EVERY
 from auditor.samples import StepSample
 
@@ -81,3 +88,18 @@ def test_copies_that_start_late_are_timed_within_the_recheck_interval(
     while first < COPIES_FROM:
         first += H2D_RECHECK_EVERY
     assert timed == list(range(first, steps[-1].step + 1)), timed[:5]
+
+
+def test_a_fast_loader_has_its_cpu_read_on_every_sixteenth_step(
+    runs: dict[str, JobResult],
+) -> None:
+    """The step after every DATA_CPU_EVERY-th has the read; the others only where the step
+    before waited a millisecond or more for its batch (a busy host's hiccup)."""
+    for res in runs.values():
+        steps = steps_of(res)
+        read = {s.step for s in steps if s.data_cpu_s is not None}
+        due = {s.step + 1 for s in steps if s.step % DATA_CPU_EVERY == 0} | {0}
+        assert due & {s.step for s in steps} <= read
+        waited = {s.step + 1 for s in steps if s.data_wait_s >= 0.001}
+        assert read <= due | waited, sorted(read - due - waited)[:5]
+        assert all(s.data_cpu_s >= 0.0 for s in steps if s.data_cpu_s is not None)
