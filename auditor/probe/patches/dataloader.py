@@ -68,7 +68,13 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
             probe.open_h2d()
         seen = getattr(self, "_auditor_loader", None)
         if seen is not None:
-            _loader_batch(probe, seen)
+            if seen.loader is probe.train_loader and seen.config is probe.loader:
+                # The training loader's batch, known without a call (CPython keeps one weak
+                # reference without a callback per object: every epoch's is the same).
+                seen.updates = clock.updates
+                probe.train_loader_step = clock.steps
+            else:
+                _loader_batch(probe, seen)
         return batch
 
     @functools.wraps(orig_iter)
@@ -185,13 +191,6 @@ def _loader_batch(probe: Probe, seen: _SeenLoader) -> None:
     between its previous batch and this one. The rank then reports its settings and workers."""
     clock = probe.clock
     before, seen.updates = seen.updates, clock.updates
-    if seen.loader is probe.train_loader:
-        # The training loader's batch, known without a call (CPython keeps one weak reference
-        # without a callback per object: every epoch's is the same).
-        probe.train_loader_step = clock.steps
-        if probe.loader is not seen.config:  # a new epoch's workers
-            probe.loader, probe.worker_pids = seen.config, seen.worker_pids
-        return
     train = probe.train_loader() if probe.train_loader is not None else None
     loader = seen.loader()
     if loader is None:
