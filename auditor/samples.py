@@ -158,7 +158,8 @@ class StepSample:
     mem_peak_bytes: int | None = None
     # CPU seconds the rank's own main thread spent while it waited for this step's batches
     # (``time.thread_time`` around the loader's ``__next__``): with ``num_workers=0`` that is the
-    # loading's cost in CPU; near zero means the wait was I/O (or workers). None: not measured.
+    # loading's cost in CPU; near zero means the wait was I/O (or workers). None: not measured
+    # (the probe reads it after a wait of 1 ms or more, else on every 16th step only).
     data_cpu_s: float | None = None
     # Collective wait of this step by operation (e.g. {"allreduce": 0.031, "all_gather": 0.002});
     # the values add up to ``collective_wait_s``. None: not measured.

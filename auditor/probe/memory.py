@@ -295,6 +295,10 @@ class MemoryMeter:
         self.samples = 0  # forwards whose activations were measured
         self._last_check = -1
         self._last_check_t = 0.0
+        # The optimizer step at which the next check is due (the first step's at once), and the
+        # activation sample compared last: a step between the two costs two comparisons.
+        self._next_check = 0
+        self._act_checked: tuple[int, int, int] | None = None
         self._host: dict[str, int] = {}
         self._act_queued: tuple[int | None, int | None] = (None, None)
         self._last_scan: float | None = None  # monotonic time of the last scan
@@ -407,13 +411,18 @@ class MemoryMeter:
             self.model = model
         elif self.model is None:
             return
-        if self._last_check < 0 or (
-            self._steps - self._last_check >= self.check_every
-            and time.monotonic() - self._last_check_t >= self.check_interval_s
-        ):
-            self.measure()
-        elif (act := self._act) is not None and act[:2] != self._act_queued:
-            self._queue()
+        if self._steps >= self._next_check:
+            self._next_check = self._steps + self.check_every
+            if self._last_check < 0 or (
+                time.monotonic() - self._last_check_t >= self.check_interval_s
+            ):
+                self.measure()
+                return
+        act = self._act
+        if act is not self._act_checked:
+            self._act_checked = act
+            if act is not None and act[:2] != self._act_queued:
+                self._queue()
 
     def measure(self) -> MemoryBudget | None:
         """Measure the fixed part and the host's memory now (and scan for extra copies when
