@@ -125,7 +125,7 @@ if prof is not None:
     flush.enable()
     current().sink.flush()  # every step of the loop: the flush thread never woke during it
     flush.disable()
-    print("PROFILE=" + json.dumps({"loop": costliest(prof, 40), "flush": costliest(flush, 15)}))
+    print("PROFILE=" + json.dumps({"loop": costliest(prof, 80), "flush": costliest(flush, 15)}))
 times = sorted(times[__SKIP__:])
 median, mean = times[len(times) // 2], sum(times) / len(times)
 print(f"cpu_us={cpu * 1e6:.3f} median_us={median * 1e6:.3f} mean_us={mean * 1e6:.3f}")
