@@ -63,10 +63,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from auditor.samples import StepSample
+
+from .timers import CpuTimer, Timer
 
 PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_COLLECTIVE, PHASE_DATA = range(6)
 # Named work outside the training phases (its name on the stack entry and the span).
@@ -88,75 +90,6 @@ DATA_CPU_MIN_WAIT_S = 0.001
 DATA_CPU_EVERY = 16
 # The name the DDP gradient all-reduce wait has in ``StepSample.collective_ops``.
 DDP_ALLREDUCE = "ddp_allreduce"
-
-
-class Timer(Protocol):
-    """Marks points in the step and measures between them (CPU clock or CUDA events).
-    ``device``: marks are on a device's timeline, which the host runs ahead of; a host timer's
-    marks (``device`` False) are ready when made and hold nothing to release, so
-    :meth:`StepClock.resolve` neither asks nor releases them."""
-
-    device: bool
-
-    def mark(self) -> Any: ...
-
-    def ready(self, mark: Any) -> bool: ...
-
-    def elapsed(self, start: Any, end: Any) -> float: ...
-
-    def release(self, marks: Iterable[Any]) -> None: ...
-
-
-class CpuTimer:
-    """Monotonic host clock; marks are floats, ready when made, and hold nothing to release.
-    ``mark`` is the clock itself (no Python frame between the hook and the clock)."""
-
-    device = False
-    mark = staticmethod(time.perf_counter)
-
-    def ready(self, mark: Any) -> bool:
-        return True
-
-    def elapsed(self, start: Any, end: Any) -> float:
-        return max(0.0, float(end) - float(start))
-
-    def release(self, marks: Iterable[Any]) -> None:
-        pass
-
-
-class CudaTimer:
-    """CUDA events recorded on the current stream, read only once the device has passed them.
-
-    Events come from a free list so steady state allocates nothing; ``elapsed`` is called from the
-    flush thread after ``ready`` said the events completed, so it never blocks. A mark bounds two
-    adjacent segments, so it goes back to the free list (``release``) once per step, not per read.
-    The free list takes no lock: ``list.pop`` and ``list.extend`` are each one atomic operation
-    (the flush thread only extends it; the training thread and DDP's autograd thread pop, and a
-    pop that finds it empty makes a new event).
-    """
-
-    device = True
-
-    def __init__(self, torch_module: Any) -> None:
-        self._torch = torch_module
-        self._free: list[Any] = []
-
-    def mark(self) -> Any:
-        try:
-            ev = self._free.pop()
-        except IndexError:
-            ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def ready(self, mark: Any) -> bool:
-        return bool(mark.query())
-
-    def elapsed(self, start: Any, end: Any) -> float:
-        return max(0.0, float(start.elapsed_time(end)) / 1e3)
-
-    def release(self, marks: Iterable[Any]) -> None:
-        self._free.extend(marks)
 
 
 # One booked segment: (phase, start mark, end mark, collective name or None).
@@ -333,6 +266,8 @@ class StepClock:
         self._seg = self._mark()
         self._top = 0
         self._stack.append(entry)
+        if entry is _BACKWARD:
+            self.backward_depth += 1
 
     def _pop(self, entry: tuple[int, bool, str | None]) -> bool:
         """Close a ``_COUNTED`` phase where it is the only one open: what :meth:`_close_phase`
@@ -470,16 +405,7 @@ class StepClock:
             self._close_phase(PHASE_FORWARD)
 
     def backward_begin(self) -> None:
-        if self._start is None:
-            self._begin()
-        self.updates += 1
-        if self._stack:
-            if self._outside_depth:
-                self._training_resumes()
-            self._open(PHASE_BACKWARD, counted=not self._outside_depth)
-        else:
-            self._push(_BACKWARD)
-            self.backward_depth += 1
+        self._update_begin(_BACKWARD)
 
     def backward_end(self) -> None:
         if self._pop(_BACKWARD):
@@ -489,15 +415,20 @@ class StepClock:
             self._close_phase(PHASE_BACKWARD)
 
     def optimizer_begin(self) -> None:
+        self._update_begin(_OPTIMIZER)
+
+    def _update_begin(self, entry: tuple[int, bool, str | None]) -> None:
+        """A backward or an optimizer step begins (``updates``: a loader whose batches have one
+        between them trains); inside an evaluation, it ends the evaluation."""
         if self._start is None:
             self._begin()
         self.updates += 1
         if self._stack:
             if self._outside_depth:
                 self._training_resumes()
-            self._open(PHASE_OPTIMIZER, counted=not self._outside_depth)
+            self._open(entry[0], counted=not self._outside_depth)
         else:
-            self._push(_OPTIMIZER)
+            self._push(entry)
 
     def optimizer_end(self) -> None:
         if not self._pop(_OPTIMIZER):

@@ -24,10 +24,11 @@ from typing import Any, TypeVar
 from auditor.launch_env import identify, rank_from_env
 from auditor.samples import OFF_THREAD_COLLECTIVES, LoaderConfig, RankInfo
 
-from .clock import CpuTimer, CudaTimer, StepClock
+from .clock import StepClock
 from .flops import COUNT_AT_STEP, FlopMeter, shape_of
 from .memory import ACTIVATIONS_EVERY, MemoryMeter
 from .sink import FLUSH_S, Sink, flops_message, memory_message, step_message
+from .timers import CpuTimer, CudaTimer
 
 _DEFAULT_SINK_DIR = "/tmp/auditor-{uid}"
 _get_ident = threading.get_ident

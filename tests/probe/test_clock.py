@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from auditor.probe.clock import CpuTimer, StepClock
+from auditor.probe.clock import StepClock
+from auditor.probe.timers import CpuTimer
 from tests.helpers.clocks import Clock, DeviceTimer
 
 

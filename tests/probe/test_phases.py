@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.probe.clock import DATA_CPU_EVERY, CpuTimer, StepClock
+from auditor.probe.clock import DATA_CPU_EVERY, StepClock
+from auditor.probe.timers import CpuTimer
 from auditor.samples import StepSample
 from auditor.telemetry.recorded import SCHEMA, read_recording, write_recording
 from tests.helpers.clocks import Clock, DeviceTimer
