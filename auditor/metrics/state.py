@@ -8,7 +8,8 @@ so a scrape costs only the rendering and tests build a state by hand.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from auditor.analysis.findings import Finding
@@ -28,35 +29,49 @@ from auditor.samples import (
 PHASE_FIELDS: dict[str, str] = {phase: f"{phase}_s" for phase in PHASES}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankTotals:
     """Running totals of one rank since it started, so counters survive the bounded step window.
 
     ``phase_seconds`` holds only phases measured at least once and ``samples`` stays None until
     a step reports its batch size: an unmeasured total is absent, not zero.
+
+    Frozen: the owner replaces a rank's totals with :meth:`plus`'s new object, so a scrape
+    reading them while a batch is folded in sees all of that batch or none of it. Mutated in
+    place, a scrape could read the step seconds before a step and its phases after it: the
+    waiting rank's collective wait then exceeds its step time in Prometheus.
     """
 
     steps: int = 0
     step_seconds: float = 0.0
-    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
     samples: int | None = None
     # DataLoader batches the steps trained on (micro-batches under gradient accumulation).
     micro_batches: int = 0
     last: StepSample | None = None
 
-    def add(self, step: StepSample) -> None:
-        """Account one step; ``last`` follows the newest step even if steps arrive out of order."""
-        self.steps += 1
-        self.micro_batches += max(1, step.micro_batches)
-        self.step_seconds += step.step_s
-        for phase, attr in PHASE_FIELDS.items():
-            value: float | None = getattr(step, attr)
-            if value is not None:
-                self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
-        if step.batch_size is not None:
-            self.samples = (self.samples or 0) + step.batch_size
-        if self.last is None or (step.step, step.time) >= (self.last.step, self.last.time):
-            self.last = step
+    def plus(self, steps: Iterable[StepSample]) -> RankTotals:
+        """These totals with ``steps`` added; ``last`` follows the newest step even if steps
+        arrive out of order."""
+        count, seconds, micro = self.steps, self.step_seconds, self.micro_batches
+        phases = dict(self.phase_seconds)
+        samples, last = self.samples, self.last
+        for step in steps:
+            count += 1
+            micro += max(1, step.micro_batches)
+            seconds += step.step_s
+            for phase, attr in PHASE_FIELDS.items():
+                value: float | None = getattr(step, attr)
+                if value is not None:
+                    phases[phase] = phases.get(phase, 0.0) + value
+            if step.batch_size is not None:
+                samples = (samples or 0) + step.batch_size
+            if last is None or (step.step, step.time) >= (last.step, last.time):
+                last = step
+        return RankTotals(count, seconds, phases, samples, micro, last)
+
+
+_NO_TOTALS = RankTotals()
 
 
 @dataclass(frozen=True)
@@ -136,8 +151,11 @@ def apply_batch(state: ExportState, batch: Batch) -> ExportState:
     for info in batch.infos:
         state.infos[info.slot] = info
         state.ended.discard(info.slot)
+    by_rank: dict[int, list[StepSample]] = defaultdict(list)
     for s in batch.steps:
-        state.totals.setdefault(s.rank, RankTotals()).add(s)
+        by_rank[s.rank].append(s)
+    for rank, steps in by_rank.items():
+        state.totals[rank] = state.totals.get(rank, _NO_TOTALS).plus(steps)
     for c in sorted(batch.processes, key=lambda c: c.time):
         state.cpu[c.rank] = c
     state.ended.update(batch.ended)

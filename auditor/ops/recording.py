@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditor.metrics import catalog as C
+from auditor.metrics.promql import growth
 
 
 @dataclass(frozen=True)
@@ -43,34 +44,29 @@ RANK_STEPS_RATE = RecordingRule(
     expr=f"rate({_steps}[{STEP_WINDOW}])",
     help="Steps per second of each rank.",
 )
+# The ratios divide growths (not rates) so that a rank's phases add up to its step from its
+# first minute on (:func:`auditor.metrics.promql.growth`).
+_grown_steps = growth(_steps, STEP_WINDOW)
+_grown_step_s = growth(_step_s, STEP_WINDOW)
+_waits = _phase_s + '{phase=~"data_wait|collective_wait"}'
 RANK_STEP_SECONDS_MEAN = RecordingRule(
     record="auditor:rank_step_seconds:mean1m",
-    expr=f"rate({_step_s}[{STEP_WINDOW}]) / rate({_steps}[{STEP_WINDOW}])",
+    expr=f"{_grown_step_s} / {_grown_steps}",
     help="Mean step time of each rank (seconds).",
 )
 RANK_PHASE_SECONDS_MEAN = RecordingRule(
     record="auditor:rank_phase_seconds:mean1m",
-    expr=(
-        f"rate({_phase_s}[{STEP_WINDOW}])"
-        f" / ignoring(phase) group_left rate({_steps}[{STEP_WINDOW}])"
-    ),
+    expr=f"{growth(_phase_s, STEP_WINDOW)} / ignoring(phase) group_left() {_grown_steps}",
     help="Mean time per step in each phase (seconds); phases are exclusive.",
 )
 RANK_PHASE_RATIO = RecordingRule(
     record="auditor:rank_phase:ratio1m",
-    expr=(
-        f"rate({_phase_s}[{STEP_WINDOW}])"
-        f" / ignoring(phase) group_left rate({_step_s}[{STEP_WINDOW}])"
-    ),
+    expr=f"{growth(_phase_s, STEP_WINDOW)} / ignoring(phase) group_left() {_grown_step_s}",
     help="Share of each rank's step time spent in each phase, 0..1 (data_wait: starvation).",
 )
 RANK_BUSY_RATIO = RecordingRule(
     record="auditor:rank_busy:ratio1m",
-    expr=(
-        f"clamp_min(1 - sum without(phase) "
-        f'(rate({_phase_s}{{phase=~"data_wait|collective_wait"}}[{STEP_WINDOW}]))'
-        f" / rate({_step_s}[{STEP_WINDOW}]), 0)"
-    ),
+    expr=(f"clamp_min(1 - sum without(phase) {growth(_waits, STEP_WINDOW)} / {_grown_step_s}, 0)"),
     help="Share of each rank's step time not spent waiting for data or for its peers, 0..1.",
 )
 RANK_SAMPLES_RATE = RecordingRule(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from auditor.metrics import catalog as C
 from auditor.metrics import dcgm as D
+from auditor.metrics.promql import growth
 from auditor.samples import PHASES
 
 GPU_SOURCES = ("auto", "auditor", "dcgm")
@@ -27,6 +28,11 @@ def queries(window_s: float, gpu_source: str = "auto") -> dict[str, str]:
     return q
 
 
+def _growth(metric: str, window: str, by: str, selector: str = "") -> str:
+    """A counter's growth over the window (:func:`auditor.metrics.promql.growth`), per rank."""
+    return f"sum by ({by}) {growth(metric + selector, window)}"
+
+
 def _queries(window_s: float) -> dict[str, str]:
     w = f"{max(2, round(window_s))}s"
     half = f"{max(1, round(window_s / 2))}s"
@@ -45,12 +51,12 @@ def _queries(window_s: float) -> dict[str, str]:
         "rank_up": f"max by ({r}) (last_over_time({C.RANK_UP.name}[{w}]))",
         # The scrape time of each rank's latest sample (the instant selector keeps it).
         "rank_seen": f"max by ({r}) (timestamp({C.RANK_UP.name}))",
-        "steps": f"sum by ({r}) (increase({C.RANK_STEPS_TOTAL.name}[{w}]))",
-        "step_seconds": f"sum by ({r}) (increase({C.RANK_STEP_SECONDS_TOTAL.name}[{w}]))",
-        "samples": f"sum by ({r}) (increase({C.RANK_SAMPLES_TOTAL.name}[{w}]))",
+        "steps": _growth(C.RANK_STEPS_TOTAL.name, w, r),
+        "step_seconds": _growth(C.RANK_STEP_SECONDS_TOTAL.name, w, r),
+        "samples": _growth(C.RANK_SAMPLES_TOTAL.name, w, r),
         # DataLoader batches per step: gradient accumulation's micro-batches (absent from an
         # older endpoint: one per step).
-        "micro_batches": f"sum by ({r}) (increase({C.RANK_MICRO_BATCHES_TOTAL.name}[{w}]))",
+        "micro_batches": _growth(C.RANK_MICRO_BATCHES_TOTAL.name, w, r),
         "workers": f"max by ({r}) (max_over_time({C.RANK_DATALOADER_WORKERS.name}[{w}]))",
     }
     # A figure split by a label (a phase, a memory kind, a process) is one query per value,
@@ -58,8 +64,8 @@ def _queries(window_s: float) -> dict[str, str]:
     # label lists finds every rank's row), where one answer split by the label cost a key
     # lookup per series (some 45,000 at 4,096 ranks).
     for phase in PHASES:
-        q[sub_key("phase_seconds", phase)] = (
-            f'sum by ({r}) (increase({C.RANK_PHASE_SECONDS_TOTAL.name}{{phase="{phase}"}}[{w}]))'
+        q[sub_key("phase_seconds", phase)] = _growth(
+            C.RANK_PHASE_SECONDS_TOTAL.name, w, r, f'{{phase="{phase}"}}'
         )
     # The kinds the rules read (reserved memory is the dashboards', not the rules').
     for kind in MEMORY_KINDS:

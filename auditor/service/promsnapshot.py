@@ -6,9 +6,10 @@ actors, per running job. Prometheus does the per-sample work (it holds the sampl
 service handles one value per series, which is what keeps an evaluation of 4,096 ranks within
 its budget (``bench/serve_scale.py``).
 
-* **steps**: ``increase()`` of the step, phase and sample counters over the window gives the
-  rank's mean step; it becomes one :class:`StepSample` with ``count`` = the steps taken, so the
-  rules weigh it as those steps together. This is a window *mean* where the live path takes a
+* **steps**: the growth of the step, phase and sample counters between the window's first and
+  last scrape (:func:`auditor.metrics.promql.growth`, not extrapolated) gives the rank's mean
+  step; it becomes one :class:`StepSample` with ``count`` = the steps taken, so the rules
+  weigh it as those steps together. This is a window *mean* where the live path takes a
   median of single steps: a few very slow steps weigh more here.
 * **rank identity**: ``auditor_rank_info`` and ``auditor_rank_dataloader_info`` labels; the GPUs
   a rank owns from the ``auditor_job``/``rank`` labels the node endpoint put on each GPU's series.

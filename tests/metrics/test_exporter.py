@@ -147,10 +147,7 @@ STEPS1 = (
 
 
 def _totals(steps: tuple[StepSample, ...]) -> RankTotals:
-    totals = RankTotals()
-    for step in steps:
-        totals.add(step)
-    return totals
+    return RankTotals().plus(steps)
 
 
 def make_state() -> ExportState:
@@ -478,8 +475,8 @@ def test_state_fn_is_called_per_scrape() -> None:
     state = make_state()
     registry = make_registry(lambda: state)
     before = parse(generate_latest(registry).decode())
-    state.totals[0].add(
-        StepSample(rank=0, step=3, time=1001.0, step_s=0.25, batch_size=8, collective_wait_s=None)
+    state.totals[0] = state.totals[0].plus(
+        [StepSample(rank=0, step=3, time=1001.0, step_s=0.25, batch_size=8, collective_wait_s=None)]
     )
     after = parse(generate_latest(registry).decode())
     steps = key("auditor_rank_steps_total", **r(0))
@@ -511,11 +508,11 @@ class TestRankTotals:
         assert totals.phase_seconds["data_wait"] == 0.25
 
     def test_samples_unknown_until_a_batch_size(self) -> None:
-        totals = RankTotals()
-        totals.add(StepSample(rank=0, step=1, time=1.0, step_s=0.1))
+        totals = RankTotals().plus([StepSample(rank=0, step=1, time=1.0, step_s=0.1)])
         assert totals.samples is None
-        totals.add(StepSample(rank=0, step=2, time=2.0, step_s=0.1, batch_size=8))
-        assert totals.samples == 8
+        more = totals.plus([StepSample(rank=0, step=2, time=2.0, step_s=0.1, batch_size=8)])
+        assert more.samples == 8
+        assert totals.samples is None and totals.steps == 1  # a new object: scrapes see either
 
     def test_last_is_the_newest_step(self) -> None:
         totals = _totals((STEPS0[1], STEPS0[0]))  # out of order

@@ -316,6 +316,51 @@ def test_every_query_names_catalog_metrics_and_parses(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_a_starting_ranks_phases_add_up_to_its_step_in_prometheus(tmp_path: Path) -> None:
+    """The counters of a rank that starts inside the window, judged by Prometheus itself
+    (``promtool test rules``). Its first scrape follows a first step that waited for its peer
+    (1.25 s, 1 s of it at the all-reduce); then a step a second, 0.9375 s of it waiting. Each
+    series' own extrapolation (``increase()``) made that wait 6.625 s against 6.5 s of steps, and
+    the rank that only waits had no time of its own; the growth between the window's scrapes
+    is exact. A counter reset (the endpoint restarted) counts from its lowest value."""
+    exprs = queries(30.0)
+    labels = f'{{{C.JOB_LABEL}="{JOB}",rank="0"}}'
+    wait = sub_key("phase_seconds", "collective_wait")
+    phase = f'{C.RANK_PHASE_SECONDS_TOTAL.name}{{{C.JOB_LABEL}="{JOB}",rank="0",phase='
+    series = {
+        f"{C.RANK_STEPS_TOTAL.name}{labels}": "_x10 1+1x6",
+        f"{C.RANK_STEP_SECONDS_TOTAL.name}{labels}": "_x10 1.25+1x6",
+        f'{phase}"collective_wait"}}': "_x10 1+0.9375x6",
+        # The endpoint restarted at 14 s.
+        f'{phase}"forward"}}': "_x10 0.5 0.5625 0.625 0.6875 0 0.0625 0.125",
+    }
+    cases = {"steps": 6, "step_seconds": 6, wait: 5.625, sub_key("phase_seconds", "forward"): 0.125}
+    unit = {
+        "evaluation_interval": "1s",
+        "tests": [
+            {
+                "interval": "1s",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": exprs[key],
+                        "eval_time": "16s",
+                        "exp_samples": [{"labels": labels, "value": value}],
+                    }
+                    for key, value in cases.items()
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "growth_test.yml"
+    path.write_text(yaml.safe_dump(unit))
+    promtool = require_tool("promtool")
+    out = subprocess.run(
+        [promtool, "test", "rules", path.name], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_a_fleet_agents_node_cpu_counts_for_every_job_there() -> None:
     """Node CPU exported by a fleet agent has job="": it stands for each job with ranks on that
     node, unless the job's own endpoint exported the node."""
