@@ -33,6 +33,7 @@ from auditor.analysis.rules.memory_growth import (
 )
 from auditor.analysis.snapshot import Snapshot
 from auditor.audit import Audit
+from auditor.report.phrasing import phrase
 from auditor.telemetry.recorded import read_recording
 from tests.helpers.growth import (
     FLAT,
@@ -212,7 +213,8 @@ def test_a_leak_under_noise_keeps_its_rate() -> None:
 def test_severity_follows_the_time_to_full(available: float | None, severity: str) -> None:
     budgets = {} if available is None else {0: host_budget(0, available=available, at_step=599)}
     snap = growth_snapshot({0: leak(2 * MIB), 1: FLAT}, flush=10, budgets=budgets)
-    f = _only(memory_growth.RULE(snap))
+    # The horizons alone (a 30 s run projects hours only with the projection's bound lifted).
+    f = _only(memory_growth.RULE(snap, max_projection=1e9))
     g = _growth(f, 0)
     if available is None:
         assert g.full_in_s is None and g.capacity_source == UNKNOWN
@@ -221,13 +223,71 @@ def test_severity_follows_the_time_to_full(available: float | None, severity: st
     assert f.severity == severity
 
 
+@pytest.mark.parametrize(
+    ("available", "severity", "early"),
+    [
+        (40 * GIB, "critical", False),  # 17 minutes: 43 times the 24 s it was seen
+        (200 * GIB, "info", True),  # 85 minutes: 213 times
+    ],
+    ids=["soon", "far-past-what-was-seen"],
+)
+def test_a_projection_far_past_what_was_seen_is_info(
+    available: float, severity: str, early: bool
+) -> None:
+    """A climb seen for 24 s (its fitted span) projects a crash at most 50 times that far:
+    beyond, the climb is named as info, its time to full marked early."""
+    snap = growth_snapshot(
+        {0: leak(2 * MIB), 1: FLAT}, flush=10, budgets={0: host_budget(0, available=available)}
+    )
+    f = _only(memory_growth.RULE(snap))
+    g = _growth(f, 0)
+    assert g.seen_s == pytest.approx(24.0, abs=1.0)
+    assert (f.severity, g.early) == (severity, early)
+    assert f.evidence["per_rank"]["0"]["early"] is early
+    words = phrase(f)
+    assert ("too early to tell" in words.fixes[0]) is early
+
+
+def test_allocated_bytes_climbing_briefly_are_not_early() -> None:
+    """Allocated bytes count live tensors exactly: the same 24 s climb that RSS could not call
+    (85 times past it here) is a warning on a GPU."""
+    snap = growth_snapshot(
+        allocated={0: leak(2 * MIB), 1: FLAT}, budgets={0: device_budget(0, total=80 * GIB)}
+    )
+    f = _only(memory_growth.RULE(snap))
+    g = _growth(f, 0)
+    assert g.figure == ALLOCATED and g.seen_s is not None and g.full_in_s is not None
+    assert g.full_in_s > 50 * g.seen_s
+    assert (f.severity, g.early) == ("warning", False)
+
+
+def test_the_same_projection_seen_for_long_enough_is_a_warning() -> None:
+    # One step every 2.5 s: the climb's fitted span lasts 20 minutes; at 0.8 MiB/s the host
+    # (4 GiB available at its first step) is full in an hour (3 times that).
+    snap = growth_snapshot(
+        {0: leak(2 * MIB), 1: FLAT},
+        flush=10,
+        step_s=2.5,
+        budgets={0: host_budget(0, available=4 * GIB)},
+    )
+    f = _only(memory_growth.RULE(snap))
+    g = _growth(f, 0)
+    assert g.bytes_per_s == pytest.approx(0.8 * MIB, rel=1e-6)
+    assert g.seen_s == pytest.approx(1200.0, rel=0.05)
+    assert g.full_in_s is not None and 30 * 60 < g.full_in_s < 50 * g.seen_s
+    assert (f.severity, g.early) == ("warning", False)
+
+
 def test_the_severity_horizons_are_thresholds() -> None:
     snap = growth_snapshot(
         {0: leak(2 * MIB), 1: FLAT}, flush=10, budgets={0: host_budget(0, available=200 * GIB)}
     )
     # 200 GiB at 40 MiB/s: about 85 minutes.
-    assert _only(memory_growth.RULE(snap)).severity == "warning"
-    assert _only(memory_growth.RULE(snap, critical_s=2 * 3600)).severity == "critical"
+    assert _only(memory_growth.RULE(snap, max_projection=1e9)).severity == "warning"
+    assert (
+        _only(memory_growth.RULE(snap, critical_s=2 * 3600, max_projection=1e9)).severity
+        == "critical"
+    )
     assert _only(memory_growth.RULE(snap, warning_s=3600)).severity == "info"
 
 

@@ -85,7 +85,13 @@ def full_text(g: Growth) -> str:
     """When the rank's GPU or host is full at this rate, in words."""
     if g.full_in_s is not None:
         together = f" (with {ranks_text(g.shared_with)} climbing too)" if g.shared_with else ""
-        return f"at that rate {_what(g)} is full in {fmt_time_left(g.full_in_s)}{together}"
+        early = (
+            f", if it keeps climbing (seen for {g.seen_s:.0f} s: too early to tell a leak from "
+            "memory that levels off)"
+            if g.early and g.seen_s is not None
+            else ""
+        )
+        return f"at that rate {_what(g)} is full in {fmt_time_left(g.full_in_s)}{together}{early}"
     if g.capacity_bytes is None:
         return f"{_what(g)}'s capacity is unknown: no time to full projected"
     return "the step rate is unknown: no time to full projected"
