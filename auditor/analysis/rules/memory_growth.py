@@ -61,9 +61,9 @@ the caches of a run's first seconds climb steadily too, and level off later (ten
 200 KiB-a-step RSS rise do not show that a host fills in 46 minutes; a 3 MiB-a-step leak seen
 for seven seconds that fills it in two does). Allocated bytes count live tensors exactly: their
 steady climb past warm-up is tensors kept however briefly it was seen. The climb is named all
-the same, its projection marked early (``Growth.early``). The auditor does not know when a run will end (no rank says
-its planned steps), so "before the run would end" cannot be judged yet; the 30-minute horizon
-stands in. One finding per severity, naming its ranks.
+the same, its projection marked early (``Growth.early``). The auditor does not know when a run
+will end (no rank says its planned steps), so "before the run would end" cannot be judged yet;
+the 30-minute horizon stands in. One finding per severity, naming its ranks.
 
 Fixes (:class:`~auditor.analysis.fixes.Fix`), per rank: ``retained_tensors`` where tensors are
 kept (allocated or host RSS climbs), ``allocator_config`` (``expandable_segments:True``) where
