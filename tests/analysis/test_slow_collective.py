@@ -153,3 +153,11 @@ def test_a_gather_every_tenth_step_counts_by_its_time_over_the_window() -> None:
     assert gather.transfer_s == pytest.approx(0.03, rel=0.01)
     assert gather.share == pytest.approx(1.2 / (40 * 0.101 + 1.2), rel=0.05)
     assert slow_collective.RULE(snap) == []
+
+
+def test_gloo_on_one_hosts_cpus_gets_no_network_lever() -> None:
+    cpu = [RankSpec(device="cpu")] * 2
+    snap = _named(ddp_snapshot(cpu, steps=24, comm=0.060), "ddp_allreduce", GATHERED)
+    found, facts = _facts(snap)
+    assert facts is not None and facts.same_host and not facts.on_gpu
+    assert [x.lever for x in found[0].fixes] == ["bucket_cap_mb", "comm_hook"]

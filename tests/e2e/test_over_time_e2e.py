@@ -98,7 +98,9 @@ def test_own_work_in_no_phase_is_named_never_balanced(tmp_path: Path) -> None:
 
 
 def test_a_long_start_up_is_no_finding(tmp_path: Path) -> None:
-    run = run_auditor(FAST, job("--seconds", "8", "--startup", "9"), tmp=tmp_path)
+    # A narrower model: at the default width its 4.5 MB gradient all-reduce takes 23-27% of a
+    # step on a two-core host (gloo), on slow_collective's line either side; this is start-up.
+    run = run_auditor(FAST, job("--seconds", "8", "--startup", "9", "--width", "256"), tmp=tmp_path)
     assert ended_well(run.returncode, run.stderr, finished="trained" in run.stdout), failure_text(
         run.stderr
     )

@@ -102,6 +102,7 @@ class Inputs:
     steps: tuple[int, ...]  # the step numbers every rank holds, in order
     step_s: tuple[float, ...]  # the job's time of each (its slowest rank's)
     ops: tuple[OpSteps, ...]
+    on_gpu: bool = True  # every rank drives a GPU (else gloo on the host's CPU)
 
 
 def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
@@ -139,7 +140,8 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
             nbytes.append(max(known) if known else None)
         ops.append(OpSteps(op, tuple(seconds), tuple(nbytes)))
     step_s = tuple(max(by_rank[r][k].step_s for r in ranks) for k in steps)
-    return Inputs(ranks, len(snapshot.hosts()), tuple(steps), step_s, tuple(ops))
+    on_gpu = all(v.info.device != "cpu" for v in views.values())
+    return Inputs(ranks, len(snapshot.hosts()), tuple(steps), step_s, tuple(ops), on_gpu)
 
 
 @dataclass(frozen=True)
@@ -163,13 +165,15 @@ class OpTransfer:
 @dataclass(frozen=True)
 class Facts:
     """The ops whose transfer takes ``share`` of the job's step on every rank, largest first;
-    ``same_host``: every rank on one machine (the link is the host's own, not a network)."""
+    ``same_host``: every rank on one machine (the link is the host's own, not a network);
+    ``on_gpu``: every rank drives a GPU (else the collectives are gloo's, on the CPU)."""
 
     ops: tuple[OpTransfer, ...]
     share: float
     step_s: float
     ranks: int
     same_host: bool
+    on_gpu: bool = True
 
 
 def _every_step_since(o: OpSteps) -> int:
@@ -225,8 +229,16 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     share = sum(o.share for o in ops)
     if not ops or share < t.min_share:
         return []
-    facts = Facts(tuple(ops), share, statistics.median(i.step_s), len(i.ranks), i.hosts <= 1)
-    fixes = tuple(Fix(lever, None, answers=(KIND,)) for lever in _levers(ops[0].op))
+    facts = Facts(
+        tuple(ops), share, statistics.median(i.step_s), len(i.ranks), i.hosts <= 1, i.on_gpu
+    )
+    # One host's gloo ranks reduce through its memory: no network to set.
+    levers = [
+        lever
+        for lever in _levers(ops[0].op)
+        if not (lever == "collective_network" and facts.same_host and not facts.on_gpu)
+    ]
+    fixes = tuple(Fix(lever, None, answers=(KIND,)) for lever in levers)
     evidence = {
         "share": round(share, 4),
         "step_ms": round(facts.step_s * 1e3, 2),

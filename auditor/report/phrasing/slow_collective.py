@@ -71,6 +71,14 @@ def _fix(facts: Facts) -> str:
             "check the transport between the GPUs of this host (nvidia-smi topo -m; with NCCL, "
             "NCCL_DEBUG=INFO: P2P/NVLink, not SHM or Socket)"
         )
+    if not facts.on_gpu:
+        # gloo on the CPU: one host's ranks reduce through its memory and loopback, which no
+        # setting speeds up; across hosts gloo takes the interface its hostname resolves to.
+        network = (
+            ""
+            if facts.same_host
+            else "check the interface gloo uses (GLOO_SOCKET_IFNAME set to the fast one)"
+        )
     if op == "ddp_allreduce":
         rest = (
             "overlap more of the gradient all-reduce with backward (DDP bucket_cap_mb), or "
@@ -81,4 +89,4 @@ def _fix(facts: Facts) -> str:
             f"call {op} less often or on less data (gather metrics every N steps, coalesce "
             "small tensors), or overlap it with compute (async_op=True, wait later)"
         )
-    return f"{network}; {rest}"
+    return f"{network}; {rest}" if network else rest

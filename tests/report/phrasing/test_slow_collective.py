@@ -36,3 +36,12 @@ def test_one_host_and_the_gradient_all_reduce_get_their_own_levers() -> None:
 def test_an_object_collective_is_told_to_send_tensors_not_to_check_the_network() -> None:
     fix = str(phrase(_finding(same_host=True, op="all_gather_object")).notes["fix"])
     assert fix.startswith("all_gather_object pickles") and "network" not in fix
+
+
+def test_gloo_on_one_hosts_cpus_is_told_no_network_and_no_gpu_transport() -> None:
+    o = OpTransfer("ddp_allreduce", 0.006, 0.27, 4 * MIB, 4 * MIB / 0.006, None, {0: 0.0})
+    cpu = Finding(KIND, "warning", (), Facts((o,), 0.27, 0.022, 2, True, on_gpu=False))
+    fix = str(phrase(cpu).notes["fix"])
+    assert fix.startswith("overlap more of the gradient all-reduce") and "nvidia-smi" not in fix
+    across = Finding(KIND, "warning", (), Facts((o,), 0.27, 0.022, 2, False, on_gpu=False))
+    assert str(phrase(across).notes["fix"]).startswith("check the interface gloo uses")
