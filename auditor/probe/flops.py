@@ -8,7 +8,7 @@ dtype it ran in. Never an estimate from a parameter count: what ran is what is c
 frozen layer's missing weight gradient, a convolution's real output size, the attention
 kernel's sequence length and any activation checkpointing's recompute are all in it.
 
-The window. The mode is entered at the model's forward pre-hook (the first forward of the
+The window. The mode is entered where the model's forward begins (the first forward of the
 step) and left at the optimizer's step post-hook: every micro-batch's forward, the loss, every
 backward (gradient accumulation) and the optimizer step itself are inside it (an optimizer's
 element-wise updates are in no formula: they count nothing). A framework that runs forward and
@@ -260,7 +260,7 @@ class _Awaiting:
 class FlopMeter:
     """One per training process: counts one step's FLOPs after warm-up and on new shapes.
 
-    The probe calls :meth:`forward_begin` from the model's forward pre-hook (outside backward),
+    The probe calls :meth:`forward_begin` where the model's forward begins (outside backward),
     :meth:`step_end` from the optimizer's step post-hook while :attr:`counting`, and
     :meth:`resolved` / :meth:`take` from its flusher.
     """

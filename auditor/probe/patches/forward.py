@@ -1,8 +1,9 @@
 """Forward patch: global module hooks, only until the model is known.
 
-The first module called at top level is taken as the model and gets its own hooks
-(``Probe.set_model``); the global ones are removed after ``discover_steps`` steps, so big models
-do not pay a Python call per submodule. A DDP or DataParallel wrapper is the model as soon as it
+The first module called at top level is taken as the model, its calls timed from then on
+(``Probe.set_model``: its class's ``__call__`` wrapped, for that instance alone); the global
+hooks are removed after ``discover_steps`` steps, so big models do not pay a Python call per
+submodule. A DDP or DataParallel wrapper is the model as soon as it
 is built (``ddp.py``, ``dataparallel.py``).
 """
 
