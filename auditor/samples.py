@@ -268,6 +268,11 @@ class ProcessCpu:
     worker_cpu: tuple[float, ...] = ()
     rss_bytes: int | None = None
     worker_rss_bytes: int | None = None
+    # Time spent runnable but waiting for a core (the kernel's run-queue delay), in seconds a
+    # second like the CPU figures: the main thread's, and the workers' together. None where
+    # not measured (no ``/proc/<pid>/schedstat``, or a process's first sample).
+    main_wait: float | None = None
+    worker_wait: float | None = None
 
     @property
     def workers(self) -> int:

@@ -64,6 +64,7 @@ LEVERS: Mapping[str, str] = {
     "device": HARDWARE,  # a throttled or slower GPU: cooling, power, clocks, replacement
     "power_limit": HARDWARE,  # a GPU's power limit in watts (nvidia-smi -pl)
     "host_memory": HARDWARE,
+    "host_cores": HARDWARE,  # a rank's process waits for a core: the host's CPU is short
 }
 LOADER_LEVERS = frozenset(k for k, v in LEVERS.items() if v == LOADER)
 

@@ -17,7 +17,11 @@ batch costs (``cpu_s``), and their ratio, the cores the loading used while it lo
 
 Decision: loading is I/O-bound when it used less than ``io_bound_share`` of the CPU a CPU-bound
 loader would get on its host (it sat waiting on storage or the network), CPU-bound otherwise,
-unknown where its CPU was not measured.
+unknown where its CPU was not measured. Where the workers' run-queue delay was measured (the
+kernel's count of the time a process was runnable but waited for a core, ``wait_s`` per batch),
+the loading wanted the CPU it used plus the CPU it waited for: I/O-bound when that demand is
+under ``io_bound_share`` of a core. A worker that waits for a core is not waiting on storage,
+however little CPU it got; more workers would queue for the same cores.
 
 What a CPU-bound loader gets (``fair_share``): one core, unless the host's runnable work
 outnumbers its cores; then ``cores / competitors``, or the idle cores where more are idle (a
@@ -75,6 +79,9 @@ class LoadingCost:
     # What could not be measured (MAIN_THREAD_CPU, WORKERS_CPU, NO_DATA_WAIT; empty when
     # everything was).
     missing: str = ""
+    # Seconds one loader spent per batch runnable but waiting for a core; None: not measured
+    # (the main process's loading, whose wait is not told apart from its step's).
+    wait_s: float | None = None
 
     @property
     def cores(self) -> float | None:
@@ -84,6 +91,22 @@ class LoadingCost:
         return self.cpu_s / self.load_s
 
     @property
+    def demand(self) -> float | None:
+        """Cores the loading wanted while it loaded: what it used and what it waited for (its
+        ``cores`` where its wait was not measured)."""
+        cores = self.cores
+        if cores is None or self.wait_s is None:
+            return cores
+        return cores + self.wait_s / self.load_s
+
+    @property
+    def waited(self) -> float | None:
+        """Share of the loading's time spent waiting for a core; None: not measured."""
+        if self.wait_s is None or self.load_s <= 0:
+            return None
+        return self.wait_s / self.load_s
+
+    @property
     def share_used(self) -> float | None:
         """``cores`` as a share of what a CPU-bound loader would get here."""
         cores = self.cores
@@ -91,7 +114,7 @@ class LoadingCost:
 
     def evidence(self) -> dict[str, object]:
         """The figures and the verdict, for a finding's evidence (the report words them)."""
-        return {
+        out: dict[str, object] = {
             "kind": self.kind,
             "loaders": max(1, self.workers),
             "load_per_batch_ms": round(self.load_s * 1e3, 1),
@@ -99,6 +122,9 @@ class LoadingCost:
             "cores_while_loading": None if self.cores is None else round(self.cores, 3),
             "cpu_share_available": round(self.fair_share, 3),
         }
+        if self.waited is not None:  # where the kernel's run-queue delay was read
+            out["waiting_for_a_core"] = round(self.waited, 3)
+        return out
 
 
 def fair_share(snapshot: Snapshot, host: str) -> float:
@@ -149,6 +175,7 @@ def loading_cost(
     workers = s.loader.num_workers if s.loader else s.workers
     if share is None:
         share = fair_share(snapshot, s.host)
+    wait_s = None
     if workers == 0:
         load_s = s.data_wait_s
         cpu_s = None if s.data_cpu_s is None else min(s.data_cpu_s, s.data_wait_s)
@@ -159,8 +186,13 @@ def loading_cost(
         each = s.worker_cpu_each
         cpu_s = None if each is None else each * load_s
         missing = "" if cpu_s is not None else WORKERS_CPU
+        waits = s.worker_wait_each
+        # At most the load time: a worker cannot wait for a core longer than it loads.
+        wait_s = None if waits is None or cpu_s is None else min(waits * load_s, load_s - cpu_s)
     if cpu_s is None or load_s <= 0:
         kind = UNKNOWN
+    elif wait_s is not None:
+        kind = IO if (cpu_s + max(0.0, wait_s)) / load_s < io_bound_share else CPU
     else:
         kind = IO if cpu_s / load_s < io_bound_share * share else CPU
     return LoadingCost(
@@ -171,6 +203,7 @@ def loading_cost(
         fair_share=share,
         kind=kind,
         missing=missing or (NO_DATA_WAIT if load_s <= 0 else ""),
+        wait_s=None if wait_s is None else max(0.0, wait_s),
     )
 
 

@@ -98,6 +98,11 @@ class RankStats:
     mean_collective_wait_s: float | None = None
     # ``collective_ops`` at the same pace (rounds' means by operation); None where not computed.
     mean_collective_ops: Mapping[str, float] | None = field(default=None, compare=False)
+    # Mean time the main thread, and the DataLoader workers together, spent runnable but
+    # waiting for a core, in seconds a second (node agent, the kernel's run-queue delay); None
+    # where not measured.
+    main_wait: float | None = None
+    worker_wait: float | None = None
     # Time per step the rank spends on its own work, i.e. not waiting for its peers: derived
     # (step minus collective wait) and kept, as every rule's what-if arithmetic reads it for
     # every rank, several times (a property was 30,000 calls an evaluation at 4,096 ranks).
@@ -186,6 +191,13 @@ class RankStats:
         if self.worker_cpu is None or self.workers <= 0:
             return None
         return self.worker_cpu / self.workers
+
+    @property
+    def worker_wait_each(self) -> float | None:
+        """Mean run-queue wait (seconds a second) of one DataLoader worker, where measured."""
+        if self.worker_wait is None or self.workers <= 0:
+            return None
+        return self.worker_wait / self.workers
 
     @property
     def worker_rss_each(self) -> float | None:
@@ -614,7 +626,11 @@ def _cpu_stats(view: RankSamples) -> dict[str, Any]:
     workers = [c.worker_cpu_total for c in cpu if c.workers]
     worker_rss = [c.worker_rss_bytes for c in cpu if c.workers and c.worker_rss_bytes is not None]
     main_rss = [c.rss_bytes for c in cpu if c.rss_bytes is not None]
+    main_wait = [c.main_wait for c in cpu if c.main_wait is not None]
+    worker_wait = [c.worker_wait for c in cpu if c.workers and c.worker_wait is not None]
     return {
+        "main_wait": statistics.fmean(main_wait) if main_wait else None,
+        "worker_wait": statistics.fmean(worker_wait) if worker_wait else None,
         "main_cpu": statistics.fmean(main) if main else None,
         # Mean worker CPU over samples that saw workers; None if never seen.
         "worker_cpu": statistics.fmean(workers) if workers else None,

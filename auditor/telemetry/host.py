@@ -1,5 +1,6 @@
-"""Host sampling with psutil: CPU of each rank's main process and of its DataLoader workers, and
-the node's cores, busy cores and load.
+"""Host sampling with psutil: CPU of each rank's main process and of its DataLoader workers, the
+time each waited for a core (the kernel's run-queue delay), and the node's cores, busy cores and
+load.
 
 OS access comes in as parameters (a process factory, a CPU reader, a core counter, a load
 reader, a clock) so tests feed real-shaped values without patching psutil.
@@ -51,6 +52,17 @@ def available_cores(
     return max(cores, 0.01)
 
 
+def run_delay_s(pid: int) -> float | None:
+    """Seconds the main thread of ``pid`` has spent runnable but waiting for a core since it
+    started (Linux ``/proc/<pid>/schedstat``, its second field, in ns); None where the kernel
+    keeps no such count or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @dataclass
 class _Tracked:
     rank: int
@@ -77,6 +89,7 @@ class HostSampler:
         cores: Callable[[], float] = available_cores,
         loadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
         clock: Callable[[], float] = time.time,
+        run_delay: Callable[[int], float | None] = run_delay_s,
     ) -> None:
         self.host = host or socket.gethostname()
         self._process = process
@@ -85,6 +98,9 @@ class HostSampler:
         self._cores = cores
         self._loadavg = loadavg
         self._clock = clock
+        self._run_delay = run_delay
+        # The last run-queue delay read of each process: (time, seconds).
+        self._delays: dict[int, tuple[float, float]] = {}
         self._tracked: dict[int, _Tracked] = {}
         self._system_cpu()  # prime: the first reading is since boot otherwise
 
@@ -109,9 +125,22 @@ class HostSampler:
     def forget(self, rank: int) -> None:
         self._tracked.pop(rank, None)
 
+    def _wait(self, pid: int, now: float, seen: dict[int, tuple[float, float]]) -> float | None:
+        """The run-queue delay of ``pid`` per second since its last read (None: its first
+        read, or none to read); the read is kept in ``seen``."""
+        delay = self._run_delay(pid)
+        if delay is None:
+            return None
+        last = self._delays.get(pid)
+        seen[pid] = (now, delay)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, delay - last[1]) / (now - last[0])
+
     def sample(self) -> tuple[list[ProcessCpu], NodeCpu]:
         now = self._clock()
         out: list[ProcessCpu] = []
+        delays: dict[int, tuple[float, float]] = {}
         for rank, t in list(self._tracked.items()):
             try:
                 main = t.proc.cpu_percent(None) / 100.0
@@ -120,7 +149,9 @@ class HostSampler:
             except (psutil.Error, OSError):
                 self._tracked.pop(rank, None)
                 continue
+            main_wait = self._wait(t.proc.pid, now, delays)
             cpus: list[float] = []
+            waits: list[float | None] = []
             worker_rss = 0
             for pid in pids:
                 w = t.workers.get(pid)
@@ -129,9 +160,11 @@ class HostSampler:
                         w = self._process(pid)
                         w.cpu_percent(None)
                         t.workers[pid] = w
+                        self._wait(pid, now, delays)
                         continue  # no reading yet: psutil measures from now on
                     cpus.append(w.cpu_percent(None) / 100.0)
                     worker_rss += int(w.memory_info().rss)
+                    waits.append(self._wait(pid, now, delays))
                 except (psutil.Error, OSError):
                     t.workers.pop(pid, None)
             for gone in set(t.workers) - set(pids):
@@ -145,8 +178,14 @@ class HostSampler:
                     worker_cpu=tuple(cpus),
                     rss_bytes=rss,
                     worker_rss_bytes=worker_rss if cpus else None,
+                    main_wait=main_wait,
+                    # The workers' together, where every sampled worker's was read.
+                    worker_wait=sum(waits)  # type: ignore[arg-type]
+                    if cpus and None not in waits
+                    else None,
                 )
             )
+        self._delays = delays  # the processes gone are forgotten
         busy = self._system_cpu() / 100.0 * self._logical()
         cores = self._cores()
         node = NodeCpu(

@@ -86,7 +86,11 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
             row.pop("collective_bytes", None)  # no bytes known: the older shape
         yield {"t": "step", **row}
     for c in batch.processes:
-        yield {"t": "process", **asdict(c)}
+        row = asdict(c)
+        for name in ("main_wait", "worker_wait"):
+            if row[name] is None:
+                del row[name]  # not measured: the older shape
+        yield {"t": "process", **row}
     for n in batch.nodes:
         yield {"t": "node", **_single(asdict(n), "samples")}
     for d in batch.devices:

@@ -326,3 +326,56 @@ def test_without_an_object_gather_no_range_from_the_rule(ops: dict[str, float] |
     for r in range(4):
         snap = collective_ops(snap, r, {"ddp_allreduce": 1, "all_gather_object": 1})
     assert _only(compute_straggler.RULE(snap)).predicted_range is None
+
+
+def _on_cpus(rank2_cpu: float, rank2_wait: float, peers_wait: float = 0.02) -> Snapshot:
+    """forward_straggler's ranks on the CPU: rank 2's forward takes 40 ms more than its
+    peers'; the CPU each main thread used (cores; the peers, waiting at the barrier, 0.5) and
+    the time it waited for a core (seconds a second)."""
+    specs = [
+        replace(s, device="cpu", main_cpu=0.5, main_wait=peers_wait) for s in forward_straggler()
+    ]
+    specs[2] = replace(specs[2], main_cpu=rank2_cpu, main_wait=rank2_wait)
+    return ddp_snapshot(specs)
+
+
+def test_a_rank_that_waited_for_a_core_is_short_of_cores_not_slow_work() -> None:
+    # Rank 2 used about the CPU its peers did (0.55 against 0.5 cores) and waited for a core
+    # 0.25 s a second (about 50 ms of its step) against 0.02: the extra is the host's CPU.
+    f = _only(compute_straggler.RULE(_on_cpus(0.55, 0.25)))
+    assert f.ranks == (2,)
+    slow = f.facts.ranks[2]
+    assert slow.short_of_cores and slow.phase == "forward"
+    assert slow.core_wait_s is not None and slow.peer_core_wait_s is not None
+    assert slow.core_wait_s - slow.peer_core_wait_s >= 0.5 * 0.040
+    assert slow.batch_size is None  # no smaller batch: it would queue for the same cores
+    assert f.fixes == (Fix("host_cores", 2, None, None, f.predicted_speedup, (KIND,)),)
+    assert f.evidence["per_rank"]["2"]["short_of_cores"] is True
+
+
+@pytest.mark.parametrize(
+    ("cpu", "wait", "peers_wait"),
+    [
+        # More CPU than its peers (0.9 against 0.5 cores): more work, which on a busy host
+        # also waits for cores in proportion.
+        pytest.param(0.9, 0.25, 0.02, id="more-cpu-is-more-work"),
+        # Every rank waited for a core alike: its extra forward is its own.
+        pytest.param(0.55, 0.25, 0.25, id="waits-like-its-peers"),
+        # Not measured: judged as before.
+        pytest.param(0.55, None, None, id="unmeasured"),
+    ],
+)
+def test_a_slow_rank_is_slow_work_unless_its_cores_explain_it(
+    cpu: float, wait: float | None, peers_wait: float | None
+) -> None:
+    f = _only(compute_straggler.RULE(_on_cpus(cpu, wait, peers_wait)))  # type: ignore[arg-type]
+    assert not f.facts.ranks[2].short_of_cores
+    assert f.fixes[0] == Fix("rank_work", 2, "forward", None, f.predicted_speedup, (KIND,))
+
+
+def test_a_rank_on_a_gpu_is_never_judged_short_of_cores() -> None:
+    # The host thread's CPU on a GPU rank is launches and spin-waits, not the rank's work.
+    specs = [replace(s, main_cpu=0.5, main_wait=0.02) for s in forward_straggler()]
+    specs[2] = replace(specs[2], main_cpu=0.55, main_wait=0.25)
+    f = _only(compute_straggler.RULE(ddp_snapshot(specs)))
+    assert not f.facts.ranks[2].short_of_cores

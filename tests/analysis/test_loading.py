@@ -124,3 +124,20 @@ def test_stats_read_data_cpu_ops_and_worker_memory() -> None:
     assert s1.collective_ops is None and s1.collective_ops_order() == ()
     assert s1.main_rss_bytes == 2 * GIB
     assert s1.worker_rss_bytes is None and s1.worker_rss_each is None
+
+
+def test_workers_that_wait_for_a_core_are_cpu_bound_not_io() -> None:
+    # 0.09 cores each on a saturated host read as I/O from their CPU alone (the case above);
+    # the kernel says each also waited 0.6 s a second for a core: they wanted 0.69 cores.
+    snap = _workers(0.09, busy=16.0)
+    starved = replace(snap.stats[3], worker_wait=8 * 0.6)
+    cost = loading_cost(snap, starved)
+    assert cost.kind == CPU
+    assert cost.waited == pytest.approx(0.6, rel=0.02)
+    assert cost.demand == pytest.approx(0.69, rel=0.02)
+    assert cost.evidence()["waiting_for_a_core"] == pytest.approx(0.6, rel=0.02)
+    # Workers that barely wait for a core and barely compute wait on storage.
+    idle = loading_cost(snap, replace(snap.stats[3], worker_wait=8 * 0.01))
+    assert idle.kind == IO and idle.demand == pytest.approx(0.10, rel=0.05)
+    # Not measured: the CPU alone decides, as before.
+    assert loading_cost(snap, snap.stats[3]).waited is None

@@ -11,7 +11,8 @@ It knows nothing of the auditor:
 * ``--fault none``: balanced.
 
 ``--startup S`` sleeps S seconds after the rendezvous and before the first step (a model
-loaded from slow storage): a start-up that can be half of a short run.
+loaded from slow storage): a start-up that can be half of a short run. ``--pin`` binds each
+rank to core ``rank`` (the CPU binding a launcher gives with numactl or taskset).
 
     torchrun --nproc_per_node=2 over_time_job.py --seconds 10 --fault forward --factor 5
 """
@@ -19,6 +20,7 @@ loaded from slow storage): a start-up that can be half of a short run.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -34,11 +36,14 @@ p.add_argument("--other-ms", type=float, default=8.0, help="rank 1's work in no 
 p.add_argument("--startup", type=float, default=0.0, help="seconds before the first step")
 p.add_argument("--width", type=int, default=1024)
 p.add_argument("--batch-size", type=int, default=64)
+p.add_argument("--pin", action="store_true", help="bind each rank to core <rank>")
 args = p.parse_args()
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+if args.pin:
+    os.sched_setaffinity(0, {rank % os.cpu_count()})  # type: ignore[operator]
 torch.manual_seed(0)
 
 

@@ -49,6 +49,10 @@ class RankSpec:
     main_cpu: float | None = 0.9
     # CPU (cores) of each DataLoader worker; None: worker CPU not measured.
     worker_cpu: float | None = 0.5
+    # Seconds a second the main thread, and each worker, waited for a core (run-queue delay);
+    # None: not measured.
+    main_wait: float | None = None
+    worker_wait: float | None = None
     host: str = "node0"
     # None: "cuda:<local_rank>".
     device: str | None = None
@@ -190,7 +194,15 @@ class JobBuilder:
             workers = (spec.worker_cpu,) * spec.num_workers if spec.worker_cpu is not None else ()
             procs.append(
                 ProcessCpu(
-                    rank=rank, time=t, pid=10_000 + rank, main_cpu=spec.main_cpu, worker_cpu=workers
+                    rank=rank,
+                    time=t,
+                    pid=10_000 + rank,
+                    main_cpu=spec.main_cpu,
+                    worker_cpu=workers,
+                    main_wait=spec.main_wait,
+                    worker_wait=None
+                    if spec.worker_wait is None or not workers
+                    else spec.worker_wait * len(workers),
                 )
             )
             host_busy[spec.host] = (

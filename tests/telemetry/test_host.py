@@ -120,3 +120,61 @@ def test_available_cores_honours_a_cgroup_quota(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope")
     assert available_cores(affinity=four, cgroup_cpu_max=missing) == 4.0
     assert available_cores(affinity=lambda: [], cgroup_cpu_max=missing) == 0.01  # never zero
+
+
+def test_the_time_each_process_waited_for_a_core_per_second() -> None:
+    t = ProcTable()
+    t.add(100, cpu=60.0, children=[101, 102])
+    t.add(101, cpu=10.0)
+    t.add(102, cpu=10.0)
+    # /proc/<pid>/schedstat's run-queue delay, seconds since each started, as the kernel
+    # counts it: the main thread waits 0.2 s a second, each worker 0.3 s.
+    delay = {100: 5.0, 101: 1.0, 102: 2.0}
+    now = [100.0]
+    s = HostSampler(
+        host="node-a",
+        process=t,
+        system_cpu_percent=lambda: 100.0,
+        logical_cpus=lambda: 2,
+        cores=lambda: 2.0,
+        loadavg=lambda: (5.0, 5.0, 5.0),
+        clock=lambda: now[0],
+        run_delay=delay.get,
+    )
+    s.track(0, 100)
+    (first,), _ = s.sample()
+    assert first.main_wait is None and first.worker_wait is None  # nothing to compare yet
+    now[0] += 2.0
+    delay.update({100: 5.4, 101: 1.6, 102: 2.6})
+    (second,), _ = s.sample()
+    assert second.main_wait == pytest.approx(0.2)
+    assert second.worker_wait == pytest.approx(0.6)  # together
+    # A worker that went away is forgotten; a new one has no wait until its second sample.
+    t.procs[100].child_pids = [101, 103]
+    t.add(103, cpu=10.0)
+    delay.update({100: 5.6, 101: 1.9, 103: 0.5})
+    now[0] += 1.0
+    (third,), _ = s.sample()
+    assert third.main_wait == pytest.approx(0.2)
+    assert third.worker_cpu == pytest.approx((0.1,)) and third.worker_wait == pytest.approx(0.3)
+
+
+def test_no_schedstat_is_no_wait_not_zero() -> None:
+    t = ProcTable()
+    t.add(100, cpu=60.0)
+    now = [100.0]
+    s = HostSampler(
+        host="node-a",
+        process=t,
+        system_cpu_percent=lambda: 50.0,
+        logical_cpus=lambda: 2,
+        cores=lambda: 2.0,
+        loadavg=lambda: (1.0, 1.0, 1.0),
+        clock=lambda: now[0],
+        run_delay=lambda pid: None,
+    )
+    s.track(0, 100)
+    s.sample()
+    now[0] += 1.0
+    (p,), _ = s.sample()
+    assert p.main_wait is None and p.worker_wait is None

@@ -73,12 +73,20 @@ class Thresholds:
     spread_k: the extra own work must also be at least this many times its peers' spread
         (the median absolute deviation of their own work, as a standard deviation): a rank
         does not stand out of peers that differ as much among themselves.
+    short_of_cores: a blamed rank on the CPU whose main thread waited for a core (the kernel's
+        run-queue delay), beyond its peers' median, for at least this share of its extra own
+        work, while the CPU it used a step stayed under ``min_excess`` times its peers', is
+        short of CPU on its host, not doing more work: its fix is cores, not its code. (A rank
+        with more work on a busy host waits for cores too, in proportion: the CPU it used
+        tells the two apart. On a GPU the host thread's CPU is not the rank's work: not
+        judged there.)
     """
 
     min_steps: int = 8
     min_excess: float = 1.25
     min_gap_ratio: float = 0.10
     spread_k: float = 3.0
+    short_of_cores: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,10 @@ class Inputs:
     typical: Mapping[int, TypicalStep] = field(default_factory=dict)
     # Own work per step as the window's plain mean (:func:`~..measures.mean_own_work`).
     mean_work_s: Mapping[int, float] = field(default_factory=dict)
+    # Ranks on the CPU: seconds a step the main thread waited for a core (run-queue delay) and
+    # the CPU seconds it used a step; absent: not measured, or a rank that drives a GPU.
+    core_wait_s: Mapping[int, float] = field(default_factory=dict)
+    cpu_s: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,14 @@ class SlowRank:
     # Micro-batches per step: ``batch_size`` and ``batch_share`` are per micro-batch (the
     # DataLoader's batch), several of which the rank accumulates into one step.
     accumulated: int = 1
+    # Short of cores: the seconds a step its main thread waited for a core, and its peers'
+    # median, where that wait is most of its extra work (None otherwise).
+    core_wait_s: float | None = None
+    peer_core_wait_s: float | None = None
+
+    @property
+    def short_of_cores(self) -> bool:
+        return self.core_wait_s is not None
 
 
 @dataclass(frozen=True)
@@ -161,6 +181,16 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         if any(len(v.steps) > 1 for v in snapshot.ranks)
         else {},
         mean_work_s=mean_own_work(snapshot, stats),
+        core_wait_s={
+            r: s.main_wait * s.step_s
+            for r, s in stats.items()
+            if s.main_wait is not None and s.device == "cpu"
+        },
+        cpu_s={
+            r: s.main_cpu * s.step_s
+            for r, s in stats.items()
+            if s.main_cpu is not None and s.device == "cpu"
+        },
     )
 
 
@@ -213,9 +243,10 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             continue  # its own wait is unknown (so counted as work) while others' are known
         if w is not None and peer_wait is not None and w >= peer_wait:
             continue  # it waits as much as its peers: not the one they wait for
-        blamed[r] = {"excess": excess, "gap": gap}
+        blamed[r] = {"excess": excess, "gap": gap, "extra": extra}
     if not blamed:
         return []
+    core_waits, cpus = PeerMedians(i.core_wait_s), PeerMedians(i.cpu_s)
 
     # The fix brings a blamed rank's own work to its peers' median; its data wait stays.
     new_local = with_peers_work(i.local_s, i.work_s, blamed)
@@ -233,17 +264,42 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             fits = max(1, round(micro * (peer_median(i.per_sample_s, r) or 0) / i.per_sample_s[r]))
             if fits < micro:
                 batch, share = round(micro), fits
-        slow[r] = SlowRank(phase, mine, theirs, batch, share, i.accumulated[r])
-        fixes.append(Fix("rank_work", r, current=phase, speedup=speedup, answers=(KIND,)))
-        if share is not None:
-            fixes.append(Fix("batch_size", r, batch, share, speedup, (KIND,)))
-        per_rank[str(r)] = {
+        queued, peer_queued = i.core_wait_s.get(r), core_waits.get(r)
+        cpu, peer_cpu = i.cpu_s.get(r), cpus.get(r)
+        short = (
+            queued is not None
+            and peer_queued is not None
+            and cpu is not None
+            and peer_cpu is not None
+            and cpu < t.min_excess * peer_cpu
+            and queued - peer_queued >= t.short_of_cores * blamed[r]["extra"]
+        )
+        if short:
+            # Its extra time is mostly time it waited for a core: its host's CPU, not its work
+            # (a smaller batch or less code would queue the same).
+            slow[r] = SlowRank(
+                phase, mine, theirs, None, None, i.accumulated[r], queued, peer_queued
+            )
+            fixes.append(Fix("host_cores", r, speedup=speedup, answers=(KIND,)))
+        else:
+            slow[r] = SlowRank(phase, mine, theirs, batch, share, i.accumulated[r])
+            fixes.append(Fix("rank_work", r, current=phase, speedup=speedup, answers=(KIND,)))
+            if share is not None:
+                fixes.append(Fix("batch_size", r, batch, share, speedup, (KIND,)))
+        row: dict[str, object] = {
             "phase": phase,
             "phase_ms": round(mine * 1e3, 1),
             "peer_phase_ms": round(theirs * 1e3, 1),
             "compute_per_sample_ratio": round(blamed[r]["excess"], 2),
             "extra_local_ms": round(blamed[r]["gap"] * 1e3, 1),
         }
+        if queued is not None:  # a rank on the CPU whose wait for a core was read
+            row["core_wait_ms"] = round(queued * 1e3, 1)
+            row["peer_core_wait_ms"] = None if peer_queued is None else round(peer_queued * 1e3, 1)
+            row["cpu_ms"] = None if cpu is None else round(cpu * 1e3, 1)
+            row["peer_cpu_ms"] = None if peer_cpu is None else round(peer_cpu * 1e3, 1)
+            row["short_of_cores"] = short
+        per_rank[str(r)] = row
     evidence: dict[str, object] = {
         "per_rank": per_rank,
         "collective_wait_ms": {

@@ -527,7 +527,8 @@ def _worker_plan(
     caps: list[tuple[int, str]] = [(max_workers, MAX_WORKERS)]
     if cost.kind != IO:  # I/O-bound workers wait on storage: they need memory, not cores
         room = 1.0 if free_cores is None else free_cores
-        each = cost.cores if cost.cores else 1.0
+        # What a worker would use given its core (a starved one waited for the rest).
+        each = cost.demand if cost.demand else 1.0
         limit = CORES if free_cores is not None else CORES_ASSUMED
         caps.append((int(room / max(each, 1e-3) + 1e-9), limit))
     if memory is not None:

@@ -22,10 +22,16 @@ from .words import (
 def phrase(facts: Facts, finding: Finding) -> Phrase:
     first = facts.ranks[min(facts.ranks)]
     where = f"in {ops_text(facts.waiting_in)}" if facts.waiting_in else "at the all-reduce"
+    queued = (
+        f", waiting for a core {fmt_ms(first.core_wait_s)} a step vs "
+        f"{fmt_ms(first.peer_core_wait_s or 0.0)} on peers"
+        if first.core_wait_s is not None
+        else ""
+    )
     summary = (
         f"{ranks_text(facts.ranks)} compute{s_if_one(facts.ranks)} slower than peers "
-        f"({_phase(first.phase)} {fmt_ms(first.phase_s)} vs {fmt_ms(first.peer_phase_s)}); "
-        f"the others wait for {it_or_them(facts.ranks)} {where}"
+        f"({_phase(first.phase)} {fmt_ms(first.phase_s)} vs {fmt_ms(first.peer_phase_s)}"
+        f"{queued}); the others wait for {it_or_them(facts.ranks)} {where}"
     )
     fixes = {r: expectation(_fix(slow), finding) for r, slow in sorted(facts.ranks.items())}
     return Phrase(summary, fixes)
@@ -40,6 +46,14 @@ def _phase(phase: str) -> str:
 
 
 def _fix(slow: SlowRank) -> str:
+    if slow.core_wait_s is not None:
+        return (
+            f"its process waited for a core {fmt_ms(slow.core_wait_s)} a step vs "
+            f"{fmt_ms(slow.peer_core_wait_s or 0.0)} on peers, most of its extra time in "
+            f"{_phase(slow.phase)} ({fmt_ms(slow.phase_s)} vs {fmt_ms(slow.peer_phase_s)}): "
+            "its host's CPU is short, not its work; free cores there (other processes, fewer "
+            "DataLoader workers) or give each rank cores of its own (taskset, cgroups)"
+        )
     if slow.phase == OTHER:
         return (
             f"the loop's own code outside forward/backward/optimizer takes "

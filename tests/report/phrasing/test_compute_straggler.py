@@ -49,3 +49,14 @@ def test_work_in_no_phase_is_named_as_the_loops_own_code() -> None:
     )
     assert "a metric, a debug check, a host-side transform" in fix
     assert "batch_size" not in fix  # a smaller batch does not shrink it
+
+
+def test_a_rank_short_of_cores_is_told_to_get_cores_not_to_cut_work() -> None:
+    from tests.analysis.test_compute_straggler import _on_cpus
+
+    (f,) = compute_straggler.RULE(_on_cpus(0.55, 0.25))
+    words = phrase(f)
+    assert "waiting for a core" in words.summary
+    fix = words.fixes[2]
+    assert fix.startswith("its process waited for a core ")
+    assert "its host's CPU is short, not its work" in fix and "batch_size" not in fix
