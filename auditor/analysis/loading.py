@@ -19,9 +19,10 @@ Decision: loading is I/O-bound when it used less than ``io_bound_share`` of the 
 loader would get on its host (it sat waiting on storage or the network), CPU-bound otherwise,
 unknown where its CPU was not measured. Where the workers' run-queue delay was measured (the
 kernel's count of the time a process was runnable but waited for a core, ``wait_s`` per batch),
-the loading wanted the CPU it used plus the CPU it waited for: I/O-bound when that demand is
-under ``io_bound_share`` of a core. A worker that waits for a core is not waiting on storage,
-however little CPU it got; more workers would queue for the same cores.
+workers that waited for a core at least as long as they ran are CPU-bound, short of cores,
+however little CPU they got: they were not waiting on storage, and more workers would queue
+for the same cores. (The wait only ever turns I/O into CPU: workers that keep up most of the
+time use little CPU and wait little, and the fair share judges them as before.)
 
 What a CPU-bound loader gets (``fair_share``): one core, unless the host's runnable work
 outnumbers its cores; then ``cores / competitors``, or the idle cores where more are idle (a
@@ -100,11 +101,9 @@ class LoadingCost:
         return cores + self.wait_s / self.load_s
 
     @property
-    def waited(self) -> float | None:
-        """Share of the loading's time spent waiting for a core; None: not measured."""
-        if self.wait_s is None or self.load_s <= 0:
-            return None
-        return self.wait_s / self.load_s
+    def short_of_cores(self) -> bool:
+        """It waited for a core at least as long as it ran (measured)."""
+        return self.wait_s is not None and self.cpu_s is not None and self.wait_s >= self.cpu_s
 
     @property
     def share_used(self) -> float | None:
@@ -122,8 +121,8 @@ class LoadingCost:
             "cores_while_loading": None if self.cores is None else round(self.cores, 3),
             "cpu_share_available": round(self.fair_share, 3),
         }
-        if self.waited is not None:  # where the kernel's run-queue delay was read
-            out["waiting_for_a_core"] = round(self.waited, 3)
+        if self.wait_s is not None:  # where the kernel's run-queue delay was read
+            out["core_wait_per_batch_ms"] = round(self.wait_s * 1e3, 1)
         return out
 
 
@@ -191,10 +190,10 @@ def loading_cost(
         wait_s = None if waits is None or cpu_s is None else min(waits * load_s, load_s - cpu_s)
     if cpu_s is None or load_s <= 0:
         kind = UNKNOWN
-    elif wait_s is not None:
-        kind = IO if (cpu_s + max(0.0, wait_s)) / load_s < io_bound_share else CPU
+    elif cpu_s / load_s < io_bound_share * share and (wait_s is None or wait_s < cpu_s):
+        kind = IO
     else:
-        kind = IO if cpu_s / load_s < io_bound_share * share else CPU
+        kind = CPU
     return LoadingCost(
         rank=s.rank,
         workers=workers,

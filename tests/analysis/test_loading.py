@@ -128,16 +128,22 @@ def test_stats_read_data_cpu_ops_and_worker_memory() -> None:
 
 def test_workers_that_wait_for_a_core_are_cpu_bound_not_io() -> None:
     # 0.09 cores each on a saturated host read as I/O from their CPU alone (the case above);
-    # the kernel says each also waited 0.6 s a second for a core: they wanted 0.69 cores.
+    # the kernel says each also waited 0.2 s a second for a core, longer than it ran: short of
+    # cores, not waiting on storage.
     snap = _workers(0.09, busy=16.0)
-    starved = replace(snap.stats[3], worker_wait=8 * 0.6)
+    starved = replace(snap.stats[3], worker_wait=8 * 0.2)
     cost = loading_cost(snap, starved)
-    assert cost.kind == CPU
-    assert cost.waited == pytest.approx(0.6, rel=0.02)
-    assert cost.demand == pytest.approx(0.69, rel=0.02)
-    assert cost.evidence()["waiting_for_a_core"] == pytest.approx(0.6, rel=0.02)
-    # Workers that barely wait for a core and barely compute wait on storage.
-    idle = loading_cost(snap, replace(snap.stats[3], worker_wait=8 * 0.01))
-    assert idle.kind == IO and idle.demand == pytest.approx(0.10, rel=0.05)
+    assert cost.kind == CPU and cost.short_of_cores
+    assert cost.wait_s == pytest.approx(0.2 * cost.load_s, rel=0.02)
+    assert cost.demand == pytest.approx(0.29, rel=0.02)
+    assert cost.evidence()["core_wait_per_batch_ms"] == pytest.approx(cost.wait_s * 1e3, abs=0.1)
+    # Workers that waited less than they ran are judged by their CPU, as before: I/O here.
+    less = loading_cost(snap, replace(snap.stats[3], worker_wait=8 * 0.05))
+    assert less.kind == IO and not less.short_of_cores
+    # A wait never turns CPU-bound loading into I/O (workers that keep up most of the time use
+    # little CPU and wait little: the fair share judges them).
+    busy = _workers(0.9, busy=12.0)
+    assert loading_cost(busy, replace(busy.stats[3], worker_wait=0.0)).kind == CPU
     # Not measured: the CPU alone decides, as before.
-    assert loading_cost(snap, snap.stats[3]).waited is None
+    unmeasured = loading_cost(snap, snap.stats[3])
+    assert unmeasured.wait_s is None and "core_wait_per_batch_ms" not in unmeasured.evidence()

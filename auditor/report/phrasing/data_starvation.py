@@ -203,17 +203,11 @@ def loading_why(cost: LoadingCost) -> str:
         f"{(cost.share_used or 0.0) * 100:.0f}% of the {cost.fair_share:.2f} core a "
         "CPU-bound loader gets on this host"
     )
-    waited = cost.waited
-    if waited is not None:
-        # The kernel's run-queue delay decided it: the CPU used and the CPU waited for.
-        used = (
-            f"{who} used {cost.cores or 0.0:.2f} cores while loading "
-            f"({(cost.cpu_s or 0.0) * 1e3:.0f} ms CPU per {cost.load_s * 1e3:.0f} ms batch load) "
-            f"and waited for a core {waited:.0%} of that time"
-        )
+    if cost.wait_s is not None:
+        used += f", and waited {cost.wait_s * 1e3:.0f} ms a batch for a core"
     if cost.kind == IO:
         return f"I/O-bound: {used}; more workers cost memory, not cores"
-    if waited is not None and waited >= 0.5:
+    if cost.short_of_cores:
         return (
             f"CPU-bound, short of cores: {used}; more workers would queue for the same cores: "
             "free cores on this host or make loading cheaper"

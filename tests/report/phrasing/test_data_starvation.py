@@ -276,7 +276,7 @@ def test_loading_verdict_in_words(snap: Snapshot, rank: int, starts: str) -> Non
 
 def test_workers_short_of_cores_are_told_to_free_cores_not_to_add_workers() -> None:
     snap = ddp_snapshot(with_rank(balanced(8), 3, data_wait=0.156, worker_cpu=0.09))
-    starved = replace(snap.stats[3], worker_wait=2 * 0.7)
+    starved = replace(snap.stats[3], worker_wait=2 * 0.1)
     words = loading_why(loading_cost(snap, starved))
     assert words.startswith("CPU-bound, short of cores: each of 2 workers used 0.09 cores"), words
-    assert "waited for a core" in words and "free cores on this host" in words
+    assert "ms a batch for a core" in words and "free cores on this host" in words
