@@ -57,8 +57,9 @@ from auditor.torchrun import node_rank
 class _Signals:
     """Forwards SIGINT/SIGTERM/SIGHUP to the child's group; a second SIGINT kills it."""
 
-    def __init__(self, child: Child) -> None:
+    def __init__(self, child: Child, out: TextIO) -> None:
         self.child = child
+        self.out = out
         self.received: list[int] = []
         self._old: dict[int, Any] = {}
 
@@ -72,6 +73,9 @@ class _Signals:
             signal.signal(sig, old)
 
     def _handle(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGINT and sig not in self.received:
+            # A job stuck in a collective or a fork may not stop on its own: say how to end it.
+            print("auditor: SIGINT sent to the job; Ctrl-C again kills it", file=self.out)
         self.forward(sig)
 
     def forward(self, sig: int) -> None:
@@ -184,7 +188,7 @@ def _run(cfg: RunConfig, out: TextIO, env: Mapping[str, str] | None, json_fd: in
         probe_env(base_env, sink=sink, job=job, errors=probe_errors.path, apply=cfg.apply_plan),
         output=view.child_fd,
     )
-    signals = _Signals(child)
+    signals = _Signals(child, out)
     signals.install()
     started = time.time()
     notes: list[str] = []

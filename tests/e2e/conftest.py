@@ -3,6 +3,7 @@ starts ``auditor run`` as a real subprocess (the way users start it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.tmproot import ray_temp_dir
@@ -88,18 +90,34 @@ def run_auditor(
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # Ctrl-C first, as a user would: the auditor stops its job and says where each rank
-        # was; what still runs after that is killed, so no job outlives the test.
-        proc.send_signal(signal.SIGINT)
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
+        # Ctrl-C, as a user would: the auditor stops its job and says where each rank was. A
+        # job that ignores it gets a second Ctrl-C (the auditor kills it); what still runs after
+        # that is killed here, the job's own session included (it holds the pipes open).
+        stdout = stderr = ""
+        tree = _descendants(proc.pid)
+        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGKILL):
+            if sig == signal.SIGKILL:
+                for p in {*tree, *_descendants(proc.pid)}:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                stdout, stderr = proc.communicate(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         tail = "\n".join((stderr or "").splitlines()[-40:])
         pytest.fail(f"auditor run still ran after {timeout:.0f} s; its last lines:\n{tail}")
     data = json.loads(report.read_text()) if report.exists() else None
     return Run(proc.returncode, stdout, stderr, data, time.monotonic() - start)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def torchrun(script: str, *args: str) -> list[str]:

@@ -151,3 +151,42 @@ def test_sigterm_ends_the_job_group_and_leaves_nothing(tmp_path: Path) -> None:
     _gone, alive = psutil.wait_procs(tree, timeout=15)
     assert alive == [], [p.pid for p in alive]
     assert _wait_no_leftovers(started, script, ray_dir) == []
+
+
+def test_a_job_that_ignores_ctrl_c_ends_at_the_second(tmp_path: Path) -> None:
+    """A job stuck where SIGINT does nothing (a rank blocked in a collective, a child blocked at
+    fork): the first Ctrl-C reaches it and the auditor says a second one kills it; the second
+    does, the report is written and marked interrupted, and nothing is left."""
+    report = tmp_path / "r.json"
+    marker = "ignores-sigint-job"
+    job = (
+        f"import signal, time  # {marker}\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    argv = [
+        sys.executable, "-m", "auditor", "run", "--no-ray", "--report", str(report),
+        "--live-interval", "0", "--", sys.executable, "-c", job,
+    ]  # fmt: skip
+    started = time.time()
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == "ready"
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)  # the job ignored it, so the auditor waits for it as it should
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=30)
+    err = proc.stderr.read()
+    assert "SIGINT sent to the job; Ctrl-C again kills it" in err
+    assert code == 128 + signal.SIGKILL, err[-2000:]
+    data = json.loads(report.read_text())
+    assert data["job"]["interrupted"] is True
+    assert data["job"]["exit_code"] == code
+    _gone, alive = psutil.wait_procs(tree, timeout=15)
+    assert alive == [], [p.pid for p in alive]
+    assert _wait_no_leftovers(started, marker) == []

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..clock import StepClock
+from ..threadstate import keep_thread_state
 
 if TYPE_CHECKING:
     from ..probe import Probe
@@ -52,6 +53,9 @@ class TimedCommHook:
             clock.hook_depth -= 1
 
         def done(f: Any) -> Any:
+            # On the backend's thread: keep its thread state, or a fork meanwhile may hang the
+            # child (:mod:`auditor.probe.threadstate`).
+            keep_thread_state()
             clock.bucket_done()
             return f.value()
 
