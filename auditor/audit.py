@@ -19,6 +19,7 @@ from auditor.analysis.consistency import SetAside
 from auditor.analysis.consistency import review as check
 from auditor.analysis.engine import review
 from auditor.analysis.findings import Finding, finding_order
+from auditor.analysis.rules import slowdown
 from auditor.analysis.rules.slowdown import Facts as Slowdown
 from auditor.analysis.snapshot import LIVE_WARMUP_S, WARMUP_STEPS, Snapshot
 from auditor.analysis.spread import (
@@ -350,8 +351,11 @@ class Audit:
         """Where the run changed for good (a ``slowdown`` found), the steps since the latest
         change judged too: the findings that segment shows and the whole run's medians miss
         join the verdict, marked with the step the segment starts at (``since_step``); of a
-        finding of the same kind and ranks in both, the more severe is kept. Returns when the
-        segment starts (None: no segment judged)."""
+        finding of the same kind and ranks in both, the more severe is kept. A segment shorter
+        than ``slowdown``'s ``min_lasting_s`` is not judged on its own: a slow spell of a second
+        or two on a busy host (its ranks descheduled at random) is no lasting change, and its
+        few steps named a balanced job's rank a straggler. Returns when the segment starts
+        (None: no segment judged)."""
         changes = [
             (f.facts.time, f.facts.step) for f in self.findings if isinstance(f.facts, Slowdown)
         ]
@@ -359,6 +363,9 @@ class Audit:
             return None
         at, step = max(changes)
         if not whole.start < at < whole.end:
+            return None
+        lasting = slowdown.RULE.settings(self.overrides.get(slowdown.KIND)).min_lasting_s
+        if whole.end - at < lasting:
             return None
         segment = judge(self.store.snapshot(whole.end, whole.end - at), self.overrides)
         kept = {key(f): f for f in self.findings}

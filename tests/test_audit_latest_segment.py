@@ -5,13 +5,17 @@ whole run's medians hide) joins the verdict, marked with the step the segment st
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from auditor.audit import Audit
 from auditor.report.html import render_html
 from auditor.report.terminal import render_verdict
+from auditor.telemetry.recorded import read_recording
 from tests.helpers.jobs import JobBuilder, balanced, with_rank
+
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def _audit(fast: int, slow: int, world: int = 2) -> Audit:
@@ -139,3 +143,33 @@ def test_the_pace_before_a_change_caps_by_time_per_step_not_by_the_median_step()
     assert "speedup_capped" not in stall.evidence
     # Back at the slower machine's pace without the stalls: 0.159 s a step from 0.252.
     assert stall.predicted_speedup == pytest.approx(0.2516 / 0.159, rel=0.05)
+
+
+def test_a_slow_spell_shorter_than_a_lasting_change_is_not_judged_on_its_own() -> None:
+    # Rank 1 slow for the last 3.6 s only (18 steps of about 0.2 s): shorter than slowdown's
+    # min_lasting_s (5 s), so the steps since are no segment of their own; the slowdown is told.
+    audit = Audit("test")
+    job = JobBuilder(balanced(2), store=audit.store)
+    job.run(500)
+    change = job.now
+    job.run(18, with_rank(balanced(2), 1, forward=0.150))
+    assert 2.0 < job.now - change < 5.0
+    _, findings = audit.final()
+    assert ("slowdown", (1,)) in {(f.kind, f.ranks) for f in findings}
+    assert all("since_step" not in f.evidence for f in findings), findings
+    assert ("compute_straggler", (1,)) not in {(f.kind, f.ranks) for f in findings}
+
+
+def test_a_balanced_job_on_a_busy_host_is_not_judged_on_its_last_second_and_a_half() -> None:
+    # torchrun, gloo, 2 ranks of examples/train_ddp.py beside three busy loops on 2 cores
+    # (tests/data/busy_host_tail): the host slowed every rank alike for the last 65 steps
+    # (1.7 s), in which rank 0 happened to be descheduled more; judged alone, those steps
+    # named it a compute straggler (a warning, "expect 1.3x").
+    rec = read_recording(DATA / "busy_host_tail" / "recording.jsonl")
+    audit = Audit(rec.job)
+    audit.add(rec.batch)
+    _, findings = audit.final()
+    assert [(f.kind, f.ranks) for f in findings if f.severity != "info"] == []
+    # The spell is told, as info (it lasted under 5 s), and nothing is judged on it alone.
+    assert [f.facts.step for f in findings if f.kind == "slowdown"] == [925], findings
+    assert all("since_step" not in f.evidence for f in findings), findings
