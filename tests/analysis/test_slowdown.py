@@ -260,7 +260,28 @@ def test_a_data_wait_that_rose_points_at_loading() -> None:
     assert [x.lever for x in f.fixes] == ["loading_cost"]
 
 
-def test_a_larger_batch_is_not_a_slowdown() -> None:
-    # Every rank's batch doubles at step 150 (a batch ramp), and its step with it.
+def test_a_larger_batch_is_told_never_blamed() -> None:
+    # Every rank's batch doubles at step 150 (a batch ramp), and its step with it: no rank is
+    # blamed and nothing is predicted, but the change is placed (the final verdict judges the
+    # steps since it on their own).
     double = lambda r, k: {n: v * (2 if k >= 150 else 1) for n, v in BASE.items()}  # noqa: E731
-    assert slowdown.RULE(run(2, 300, double, batch=lambda k: 64 if k >= 150 else 32)) == []
+    snap = run(2, 300, double, batch=lambda k: 64 if k >= 150 else 32)
+    f, facts = _one(slowdown.RULE(snap))
+    assert f.severity == "info" and f.ranks == () and f.predicted_speedup is None
+    assert f.fixes == ()
+    assert facts.step == 150 and facts.time == _started(snap, 150)
+    assert facts.batches == {0: (32, 64), 1: (32, 64)}
+    assert facts.ranks == {} and facts.every_rank is None
+    assert f.evidence["batch_per_step"] == {"0": [32, 64], "1": [32, 64]}
+
+
+def test_a_batch_ramp_is_told_once_at_its_latest_rise() -> None:
+    # Batch 32 -> 48 -> 64 at steps 100 and 200, the step with it: one finding, the latest.
+    def ramp(k: int) -> int:
+        return 32 + 16 * min(2, k // 100)
+
+    grown = lambda r, k: {n: v * ramp(k) / 32 for n, v in BASE.items()}  # noqa: E731
+    snap = run(2, 300, grown, batch=ramp)
+    f, facts = _one(slowdown.RULE(snap))
+    assert f.severity == "info" and facts.step == 200
+    assert facts.batches == {0: (48, 64), 1: (48, 64)}

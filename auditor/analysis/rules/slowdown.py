@@ -26,10 +26,12 @@ whose own time rose by ``min_rise_share`` of the job's step before and by at lea
 ``min_ratio`` times, led the change. Its peers' steps rose too, but only by waiting at the
 collectives: a rank that only waits never leads. Where every rank led (all slower together), or
 no rank's own time rose (the collectives slowed), no rank is blamed: an ``info`` finding where
-the job runs ``min_ratio`` times slower, no speed-up predicted. A rank that got faster, a job
-that recovered, and a change across which a rank's batch per step changed (more work per step
-by design: ``max_batch_change``) are no slowdown. Several rises are each named (the largest,
-and the latest after it).
+the job runs ``min_ratio`` times slower, no speed-up predicted. A rank that got faster and a job
+that recovered are no slowdown. A rise across which a rank's batch per step changed (more work
+per step by design: ``max_batch_change``) blames no rank either: it is an ``info`` finding that
+names the batches (:attr:`Facts.batches`), so that the final verdict still judges the steps
+since it on their own (a batch ramp, a rank given a larger batch mid-run: the whole run's
+medians mix both paces). Several rises are each named (the largest, and the latest after it).
 
 Per leading rank: the phase that moved most (data wait, h2d, forward, backward, optimizer or
 time in no phase), its median before and after; the fix points at that phase (loading for a
@@ -51,7 +53,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..advisor import Barrier
 from ..changes import changes
@@ -167,6 +169,9 @@ class Facts:
     # segment: a periodic stall is in it, which the medians leave out.
     before_pace_s: float | None = None
     now_pace_s: float | None = None
+    # Ranks whose batch per step changed across the change (samples before, after): the work
+    # per step changed by design; no rank is blamed.
+    batches: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def slowdown(self) -> float:
@@ -251,7 +256,10 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         f = _finding(i, t, cut, before, after, levels[now], seg_before, seg_after, latest)
         if f is not None:
             findings.append(f)
-    return findings
+    # A batch ramp rises at each of its steps: the latest says where the job's pace is now.
+    # (Cuts come in order, so the last is the latest.)
+    ramps = [f for f in findings if isinstance(f.facts, Facts) and f.facts.batches]
+    return [f for f in findings if not any(f is r for r in ramps[:-1])]
 
 
 def _job(i: Inputs) -> list[float]:
@@ -280,8 +288,25 @@ def _finding(
 ) -> Finding | None:
     """The finding of one lasting rise: its leading ranks (or every rank alike), with the
     barrier model's speed-up were the leaders back at their pace before it."""
-    if any(_batch_changed(col, seg_before, seg_after, t) for col in i.ranks.values()):
-        return None  # the work per step changed by design (a batch ramp), not the pace
+    step, time = i.first_step[cut], i.start[cut]
+    evidence: dict[str, object] = {
+        "step": step,
+        "time": round(time, 3),
+        "job_before_ms": _ms(before),
+        "job_after_ms": _ms(after),
+        "job_now_ms": _ms(now),
+        "slowdown": round(now / before, 3) if before > 0 else None,
+    }
+    batches = {
+        r: ab for r, col in i.ranks.items() if (ab := _batch_change(col, seg_before, seg_after, t))
+    }
+    if batches:
+        # The work per step changed by design (a batch ramp), not the pace: told, never blamed.
+        evidence["batch_per_step"] = {str(r): list(ab) for r, ab in sorted(batches.items())}
+        evidence["speedup_model"] = "not_predicted"
+        facts = Facts(step, time, before, after, now, {}, None, _pace(i, seg_before),
+                      _pace(i, latest), batches)  # fmt: skip
+        return Finding(kind=KIND, severity="info", ranks=(), facts=facts, evidence=evidence)
     own: dict[int, tuple[float, float]] = {}
     for r, col in i.ranks.items():
         a, b = _level(col, LOCAL, seg_before), _level(col, LOCAL, seg_after)
@@ -300,15 +325,6 @@ def _finding(
     }
     if top >= floor and not leaders:
         return None  # own times rose, each too little to be sure of: nothing said
-    step, time = i.first_step[cut], i.start[cut]
-    evidence: dict[str, object] = {
-        "step": step,
-        "time": round(time, 3),
-        "job_before_ms": _ms(before),
-        "job_after_ms": _ms(after),
-        "job_now_ms": _ms(now),
-        "slowdown": round(now / before, 3) if before > 0 else None,
-    }
     if leaders and len(leaders) < len(own):
         local_now = {
             r: v for r, col in i.ranks.items() if (v := _level(col, LOCAL, latest)) is not None
@@ -394,13 +410,15 @@ def _change(
     return Change(own_before, own_after, phase, a, b)
 
 
-def _batch_changed(
+def _batch_change(
     col: Sequence[Bucket | None], before: tuple[int, int], after: tuple[int, int], t: Thresholds
-) -> bool:
-    """Whether the rank's batch per step differs by ``max_batch_change`` across the change
-    (where it is known on both sides)."""
+) -> tuple[float, float] | None:
+    """The rank's batch per step before and after the change where it differs by
+    ``max_batch_change`` (and is known on both sides); None otherwise."""
     a, b = _batch(col, before), _batch(col, after)
-    return a is not None and b is not None and abs(b - a) > t.max_batch_change * min(a, b)
+    if a is None or b is None or abs(b - a) <= t.max_batch_change * min(a, b):
+        return None
+    return (a, b)
 
 
 def _batch(col: Sequence[Bucket | None], seg: tuple[int, int]) -> float | None:

@@ -1,6 +1,7 @@
 """slowdown in words: which rank turned slow, in which phase, from what to what, at which step
 and time of day (local time), and how much slower the job runs since; the change that gives the
-time back; and, where every rank slowed alike, that no rank is to blame."""
+time back; where every rank slowed alike, that no rank is to blame; and where a batch per step
+changed, that the work per step did, by design."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ PHASE_TEXT = {
     WAIT: "wait at the collectives",
 }
 SPEEDUP_NOTE = "not predicted: every rank slowed alike, so no rank waits for another"
+BATCH_NOTE = "not predicted: the batch per step changed, so the work per step did too"
+BATCH_FIX = (
+    "nothing to bring back: a step with more samples takes longer; judge the job by samples "
+    "per second from here, and the steps since the change by the findings on them"
+)
 
 
 def clock(t: float) -> str:
@@ -41,6 +47,13 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         f"since then the job runs {fmt_speedup(facts.slowdown)} slower "
         f"({fmt_step_time(facts.before_s)} a step, now {fmt_step_time(facts.now_s)})"
     )
+    if facts.batches:
+        changed = "; ".join(
+            f"{ranks_text([r])}'s batch per step went from {a:g} to {b:g}"
+            for r, (a, b) in sorted(facts.batches.items())
+        )
+        summary = f"{changed} {when}; {since}: more work per step by design, none is to blame"
+        return Phrase(summary, notes={"speedup_model": BATCH_NOTE, "fix": BATCH_FIX})
     every = facts.every_rank
     if every is not None and not facts.ranks:
         why = (

@@ -1,6 +1,7 @@
 """slowdown in words: the rank, the phase that moved, before and after, the step and the local
 time of day it changed at, and how much slower the job runs since; the change per rank; a
-slowdown every rank has alike (or a slower collective) said without blaming one."""
+slowdown every rank has alike (or a slower collective), or a batch that grew, said without
+blaming one."""
 
 from __future__ import annotations
 
@@ -74,6 +75,20 @@ def test_a_slower_collective_is_named() -> None:
     words = phrase(_finding(Facts(150, AT, 0.105, 0.2, 0.2, {}, every)))
     assert "their wait at the collectives went from 4.0 ms to 100 ms" in words.summary
     assert words.summary.endswith("the collectives themselves slowed, none is to blame")
+
+
+def test_a_batch_that_grew_is_told_by_design() -> None:
+    f = _finding(Facts(414, AT, 0.024, 0.036, 0.032, {}, batches={1: (32, 64)}))
+    words = phrase(f)
+    assert words.summary == (
+        "rank 1's batch per step went from 32 to 64 at step 414, 14:02:11; since then the job "
+        "runs 1.3x slower (24 ms a step, now 32 ms): more work per step by design, none is to "
+        "blame"
+    )
+    assert words.fixes == {}
+    report = ReportFinding.of(f).to_dict()
+    assert report["evidence"]["speedup_model"].startswith("not predicted: the batch per step")
+    assert "samples per second" in report["evidence"]["fix"]
 
 
 def test_times() -> None:
