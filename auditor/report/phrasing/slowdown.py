@@ -23,6 +23,7 @@ PHASE_TEXT = {
     WAIT: "wait at the collectives",
 }
 SPEEDUP_NOTE = "not predicted: every rank slowed alike, so no rank waits for another"
+BATCH_RANKS = 8  # ranks named one by one where their batch changed alike; more are counted
 BATCH_NOTE = "not predicted: the batch per step changed, so the work per step did too"
 BATCH_FIX = (
     "nothing to bring back: a step with more samples takes longer; judge the job by samples "
@@ -48,11 +49,10 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
         f"({fmt_step_time(facts.before_s)} a step, now {fmt_step_time(facts.now_s)})"
     )
     if facts.batches:
-        changed = "; ".join(
-            f"{ranks_text([r])}'s batch per step went from {a:g} to {b:g}"
-            for r, (a, b) in sorted(facts.batches.items())
+        summary = (
+            f"the batch per step changed {when} ({_batches(facts)}); {since}: more work per "
+            "step by design, none is to blame"
         )
-        summary = f"{changed} {when}; {since}: more work per step by design, none is to blame"
         return Phrase(summary, notes={"speedup_model": BATCH_NOTE, "fix": BATCH_FIX})
     every = facts.every_rank
     if every is not None and not facts.ranks:
@@ -74,6 +74,18 @@ def phrase(facts: Facts, finding: Finding) -> Phrase:
     summary = f"{parts}; {since}: the others wait for {it_or_them(facts.ranks)} at the collectives"
     fixes = {r: expectation(_fix(c, facts), finding) for r, c in sorted(facts.ranks.items())}
     return Phrase(summary, fixes)
+
+
+def _batches(facts: Facts) -> str:
+    """``rank 1: 32 to 64``; ranks that changed alike together, counted past ``BATCH_RANKS``
+    (a ramp on thousands of ranks)."""
+    alike: dict[tuple[float, float], list[int]] = {}
+    for r, ab in sorted(facts.batches.items()):
+        alike.setdefault(ab, []).append(r)
+    return "; ".join(
+        f"{ranks_text(rs) if len(rs) <= BATCH_RANKS else f'{len(rs)} ranks'}: {a:g} to {b:g}"
+        for (a, b), rs in alike.items()
+    )
 
 
 def _moved(c: Change) -> str:

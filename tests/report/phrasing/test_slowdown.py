@@ -81,14 +81,22 @@ def test_a_batch_that_grew_is_told_by_design() -> None:
     f = _finding(Facts(414, AT, 0.024, 0.036, 0.032, {}, batches={1: (32, 64)}))
     words = phrase(f)
     assert words.summary == (
-        "rank 1's batch per step went from 32 to 64 at step 414, 14:02:11; since then the job "
-        "runs 1.3x slower (24 ms a step, now 32 ms): more work per step by design, none is to "
-        "blame"
+        "the batch per step changed at step 414, 14:02:11 (rank 1: 32 to 64); since then the "
+        "job runs 1.3x slower (24 ms a step, now 32 ms): more work per step by design, none is "
+        "to blame"
     )
     assert words.fixes == {}
     report = ReportFinding.of(f).to_dict()
     assert report["evidence"]["speedup_model"].startswith("not predicted: the batch per step")
     assert "samples per second" in report["evidence"]["fix"]
+
+
+def test_a_ramp_on_many_ranks_is_said_once_per_change() -> None:
+    ramp = {r: (32.0, 64.0) for r in range(4096)} | {4096: (32.0, 48.0)}
+    words = phrase(_finding(Facts(50, AT, 0.1, 0.2, 0.2, {}, batches=ramp)))
+    assert "(4096 ranks: 32 to 64; rank 4096: 32 to 48)" in words.summary
+    two = phrase(_finding(Facts(50, AT, 0.1, 0.2, 0.2, {}, batches={0: (8, 16), 1: (8, 16)})))
+    assert "(ranks 0, 1: 8 to 16)" in two.summary
 
 
 def test_times() -> None:
