@@ -10,6 +10,8 @@ states its loop created.
 
 from __future__ import annotations
 
+import re
+
 from . import SCRIPTS, Job
 
 STEPS = 30
@@ -29,5 +31,13 @@ def test_comm_hook_callbacks_keep_their_thread_state() -> None:
         assert all(s.collective_wait_s is not None for s in steps), steps
         # The sink's thread and the backend's few threads: each keeps one state (without that,
         # 30 steps of small buckets created 590).
-        assert int(res.printed(f"RANK{rank}_THREAD_STATES")) <= 10, res.stdout
-        assert res.printed(f"RANK{rank}_FORKS_HUNG") == "0", res.stdout
+        assert int(_printed(res.stdout, f"RANK{rank}_THREAD_STATES")) <= 10, res.stdout
+        assert _printed(res.stdout, f"RANK{rank}_FORKS_HUNG") == "0", res.stdout
+
+
+def _printed(stdout: str, key: str) -> str:
+    """The value of ``KEY=value`` anywhere in the output: two ranks share torchrun's stdout, so
+    one rank's line can land in the middle of the other's."""
+    found = re.findall(rf"{key}=(\d+)", stdout)
+    assert found, f"{key}= not printed:\n{stdout}"
+    return str(found[-1])

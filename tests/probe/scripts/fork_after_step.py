@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -75,6 +76,7 @@ for _ in range(args.steps):
     hung += not fork_and_reap()
     opt.step()
 created = next_thread_state_id() - before - 1  # less the reader's own
-print(f"RANK{rank}_THREAD_STATES={created}", flush=True)
-print(f"RANK{rank}_FORKS_HUNG={hung}", flush=True)
+# One write per process: the ranks share torchrun's stdout.
+sys.stdout.write(f"RANK{rank}_THREAD_STATES={created}\nRANK{rank}_FORKS_HUNG={hung}\n")
+sys.stdout.flush()
 dist.destroy_process_group()
