@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +20,16 @@ from auditor.analysis.history import RankHistory
 from auditor.analysis.rules import slowdown
 from auditor.analysis.rules.slowdown import Facts
 from auditor.analysis.snapshot import Snapshot
+from auditor.audit import Audit
 from auditor.samples import StepSample
+from auditor.telemetry.recorded import read_recording
 
 # Every rank's own work per step: data 1 + h2d 5 + forward 30 + backward 60 + optimizer 5 ms;
 # the all-reduce costs 4 ms.
 BASE = {"data_wait": 0.001, "h2d": 0.005, "forward": 0.030, "backward": 0.060, "optimizer": 0.005}
 COMM = 0.004
 START = 1_700_000_000.0
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 Phases = Mapping[str, float]
 
@@ -225,6 +229,22 @@ def test_ranks_folded_to_different_widths_are_read_on_one_grid() -> None:
     assert f.ranks == (1,) and facts.step == 180
 
 
+def test_a_rank_whose_history_lacks_a_step_is_still_read_after_it() -> None:
+    # Rank 1's step 181 is not in its history (the store leaves out the step whose FLOPs the
+    # probe counted), so once folded two steps a bucket its buckets are offset by one from
+    # rank 0's (the grid's) from there on; each still falls in one grid bucket (read off the
+    # grid, rank 1 had no step after step 181, and the job's step was rank 0's alone).
+    snap = run(2, 300, slower(1, 200, forward=0.150))
+    steps = {r: _steps(snap, r) for r in (0, 1)}
+    steps[1] = [s for s in steps[1] if s.step != 181]
+    snap.history = {r: RankHistory.of(r, s, max_buckets=256) for r, s in steps.items()}
+    assert snap.history[1].width == 2
+    inputs = slowdown.measure(snap, slowdown.Thresholds())
+    assert inputs is not None and None not in inputs.ranks[1]
+    f, facts = _one(slowdown.RULE(snap))
+    assert f.ranks == (1,) and facts.step == 200 and facts.ranks[1].phase == "forward"
+
+
 def _steps(snap: Snapshot, rank: int) -> list[StepSample]:
     """The steps back from a history of single-step buckets."""
     out = []
@@ -285,3 +305,20 @@ def test_a_batch_ramp_is_told_once_at_its_latest_rise() -> None:
     f, facts = _one(slowdown.RULE(snap))
     assert f.severity == "info" and facts.step == 200
     assert facts.batches == {0: (48, 64), 1: (48, 64)}
+
+
+def test_a_rank_switched_to_a_larger_batch_is_told_as_a_batch_change() -> None:
+    # torchrun, gloo, 2 ranks (tests/data/uneven_batch_switch): rank 1 switches to a loader of
+    # twice the batch at step 408, its first step at the new shape (409) counted its FLOPs and
+    # is not in its history. Read off the grid, rank 1's history ended at its switch step (37 ms
+    # of worker start-up outside the phases), and the final verdict blamed it for a slowdown
+    # "outside the phases, 0.6 -> 19 ms" (a warning) rather than its batch.
+    rec = read_recording(DATA / "uneven_batch_switch" / "recording.jsonl")
+    audit = Audit(rec.job)
+    audit.add(rec.batch)
+    _, findings = audit.final()
+    warned = {(f.kind, f.ranks) for f in findings if f.severity != "info"}
+    assert warned == {("batch_split", (1,)), ("utilization_imbalance", (1,))}, findings
+    (f,) = [f for f in findings if f.kind == "slowdown"]
+    assert isinstance(f.facts, Facts) and f.ranks == ()
+    assert f.facts.batches == {1: (32, 64)} and abs(f.facts.step - 409) <= 2

@@ -213,15 +213,19 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
 
 
 def _aligned(grid: Sequence[Bucket], buckets: Sequence[Bucket]) -> tuple[Bucket | None, ...]:
-    """The rank's steps in each grid bucket: its buckets whose middle step falls there, as one
-    (a rank's buckets are never wider than the grid's; where they coincide, its own)."""
+    """The rank's steps in each grid bucket: its buckets whose middle step falls in the grid
+    bucket's span (from its first step to the next one's: a rank whose history lacks a step
+    the grid's has, the FLOP-counting step the store leaves out, say, has its buckets offset
+    from the grid's, and each still falls in one), as one (a rank's buckets are never wider
+    than the grid's; where they coincide, its own)."""
     out: list[Bucket | None] = []
     j = 0
-    for g in grid:
+    bounds = [g.first_step for g in grid[1:]]
+    for k, g in enumerate(grid):
         while j < len(buckets) and buckets[j].mid_step < g.first_step:
             j += 1
         folded: Bucket | None = None
-        while j < len(buckets) and buckets[j].mid_step <= g.last_step:
+        while j < len(buckets) and (k == len(bounds) or buckets[j].mid_step < bounds[k]):
             b = buckets[j]
             if folded is None:
                 folded = b
