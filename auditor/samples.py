@@ -169,8 +169,9 @@ class StepSample:
     # accumulation, from older probes and recordings, and in ``auditor serve``'s samples.
     micro_batches: int = 1
     # Seconds of this step's :attr:`other_s` the probe saw spent in named work outside the
-    # training phases (``{"checkpoint": 1.8, "evaluation": 0.0, "logging": 0.01}``: the rank's own
-    # work between its steps, e.g. ``torch.save`` on rank 0 alone); None: nothing named.
+    # training phases (``{"checkpoint": 1.8, "evaluation": 0.0, "logging": 0.01,
+    # "loader_start": 0.07}``: the rank's own work between its steps, e.g. ``torch.save`` on
+    # rank 0 alone, or its loader starting workers); None: nothing named.
     outside: dict[str, float] | None = None
     # The probe counted this step's FLOPs (``auditor.probe.flops``): the counting cost the step
     # time, so the per-rank statistics the rules read leave the step out (``FlopCount.cost_s``
@@ -181,6 +182,12 @@ class StepSample:
     # whole input). An op whose payload is not known (pickled objects, a barrier) is absent;
     # None: no bytes known in the step.
     collective_bytes: dict[str, int] | None = None
+    # Seconds of this step spent starting its DataLoader's workers anew: shutting the last
+    # epoch's down (the epoch's last ``__next__``) and waiting for the new ones' first batch
+    # (both in ``data_wait_s``), and creating the iterator that starts them (named work
+    # ``loader_start`` in :attr:`outside`). A loader without ``persistent_workers`` does this
+    # at every epoch. None: none started in this step (and from older probes).
+    loader_start_s: float | None = None
     # Steps this sample stands for: 1 from the probe; more when ``auditor serve`` rebuilds the
     # mean step of a scrape interval from Prometheus counters. Statistics weight by it.
     count: int = 1
@@ -244,12 +251,13 @@ _WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepSample) if f.na
 # The last wire fields, each left off a row (with those after it) at its default: a row
 # without them (an older probe, no accumulation, nothing named outside the phases) reads as
 # the defaults.
-_OPTIONAL_TAIL = ("micro_batches", "outside", "flops_counted", "collective_bytes")
+_OPTIONAL_TAIL = ("micro_batches", "outside", "flops_counted", "collective_bytes", "loader_start_s")
 _TAIL_DEFAULTS: dict[str, Any] = {
     "micro_batches": 1,
     "outside": None,
     "flops_counted": False,
     "collective_bytes": None,
+    "loader_start_s": None,
 }
 assert _WIRE_FIELDS[-len(_OPTIONAL_TAIL) :] == _OPTIONAL_TAIL
 _WIRE_VALUES = attrgetter(*_WIRE_FIELDS)

@@ -43,7 +43,7 @@ from auditor.samples import DeviceSample, RankInfo, StepSample
 
 # The named work the probe books outside the phases (``StepSample.outside``), in the order
 # reports list it; any other name follows these.
-OUTSIDE_NAMES = ("checkpoint", "evaluation", "logging")
+OUTSIDE_NAMES = ("checkpoint", "evaluation", "logging", "loader_start")
 # The phases of a step as the account names them (``StepSample`` fields without ``_s``).
 STEP_PARTS = ("data_wait", "h2d", "forward", "backward", "optimizer", "collective_wait")
 # Ranks whose loss of one kind is at least this share of the largest rank's lost it alike (every

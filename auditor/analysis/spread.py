@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from .advisor import job_step_s
 from .findings import Finding
 from .snapshot import Snapshot
 
@@ -107,11 +106,18 @@ def with_ranges(
 
 
 def job_pace(snapshot: Snapshot) -> float | None:
-    """The job's step time in ``snapshot`` under the barrier model (the slowest rank's local
-    time at its pace, and the least wait); None where no rank has the steps to say."""
-    stats = snapshot.ready(PACE_MIN_STEPS)
-    step = job_step_s(stats) if stats else 0.0
-    return step if step > 0 else None
+    """The job's time per step in ``snapshot``: the slowest rank's steps' time over their count
+    (a step that comes once in many, an epoch's worker start or a periodic stall, paces the job
+    as much as the rest, where a median would land on one kind or the other); None where no
+    rank has the steps to say."""
+    paces = []
+    for view in snapshot.ranks:
+        steps = view.steps
+        n = sum(s.count for s in steps)
+        if n >= PACE_MIN_STEPS:
+            paces.append(sum(s.step_s * s.count for s in steps) / n)
+    pace = max(paces, default=0.0)
+    return pace if pace > 0 else None
 
 
 def pace_spread(

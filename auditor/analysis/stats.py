@@ -20,6 +20,7 @@ evaluation, a checkpoint save) moves one round's mean and still cannot decide al
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -103,6 +104,14 @@ class RankStats:
     # where not measured.
     main_wait: float | None = None
     worker_wait: float | None = None
+    # Starting DataLoader workers over the window (``StepSample.loader_start_s``): the share
+    # of the steps' time it took and the seconds each start took (the mean over the starts);
+    # None where no step started any (a persistent loader after its first epoch, serve).
+    loader_start_share: float | None = None
+    loader_start_each_s: float | None = None
+    # The starts' time over the window's data wait (their first batches' waits are in it; the
+    # iterators' creation is not, so it may pass 1).
+    loader_start_of_wait: float | None = None
     # Time per step the rank spends on its own work, i.e. not waiting for its peers: derived
     # (step minus collective wait) and kept, as every rule's what-if arithmetic reads it for
     # every rank, several times (a property was 30,000 calls an evaluation at 4,096 ranks).
@@ -431,6 +440,7 @@ def rank_stats(view: RankSamples) -> RankStats:
         collective_ops=collective_ops,
         micro_batches=_wmed(steps, "micro_batches", cap) or 1.0,
         **_cpu_stats(view),
+        **_loader_starts(steps),
         mean_step_s=mean_step_s,
         mean_data_wait_s=mean_data_wait_s,
         mean_collective_wait_s=mean_collective_wait_s,
@@ -617,6 +627,22 @@ def _one_sample_stats(view: RankSamples, s: StepSample) -> RankStats:
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+def _loader_starts(steps: Sequence[StepSample]) -> dict[str, Any]:
+    """The window's worker starts (:attr:`RankStats.loader_start_share`,
+    ``loader_start_each_s`` and ``loader_start_of_wait``); nothing where none started."""
+    starts = [s.loader_start_s for s in steps if s.loader_start_s]
+    total = sum(s.step_s * s.count for s in steps)
+    if not starts or total <= 0:
+        return {}
+    started = sum(starts)
+    waited = sum(s.data_wait_s * s.count for s in steps)
+    return {
+        "loader_start_share": min(1.0, started / total),
+        "loader_start_each_s": started / len(starts),
+        "loader_start_of_wait": started / waited if waited > 0 else math.inf,
+    }
 
 
 def _cpu_stats(view: RankSamples) -> dict[str, Any]:

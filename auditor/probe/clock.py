@@ -75,6 +75,8 @@ PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_COLLECTIVE, PHA
 PHASE_OUTSIDE = 6
 # The named work that ends where training resumes (see ``StepClock.outside_begin``).
 EVALUATION = "evaluation"
+# Creating an iterator that starts the loader's workers (``StepClock.loader_started``).
+LOADER_START = "loader_start"
 _N_TIMED = 5  # phases whose spans the timer measures (data wait is on the host clock)
 # The phase stack's entry of each counted phase without a name: pushed as is (no tuple built),
 # and known by identity where it is the only phase open (``StepClock._pop``).
@@ -130,6 +132,8 @@ class PendingStep(NamedTuple):
     ddp_marks: tuple[Any, Any] | None
     # Marks of this step read by nothing (earlier buckets' launches): released with it.
     spare_marks: Sequence[Any]
+    # Host seconds spent starting the loader's workers in this step (0.0: none started).
+    loader_start_s: float
 
     def marks(self) -> list[Any]:
         """Every mark the step's figures read."""
@@ -202,6 +206,8 @@ class StepClock:
         # inside an evaluation loop's (none of the step's).
         self._in_data = False
         self._data_outside = False
+        # The loader's iterator started new workers: the next batch's wait is theirs to start.
+        self._fresh_loader = False
         self._reset_marks()
         self._reset(None)
 
@@ -223,6 +229,7 @@ class StepClock:
         self._start = start
         self._data_wait = 0.0
         self._data_cpu: float | None = None  # None: no loader CPU time read this step
+        self._loader_start = 0.0
         self._batch = 0
         self._batches = 0  # batches of known size (their sizes sum to ``_batch``)
         self._spans: list[Span] = []
@@ -362,9 +369,14 @@ class StepClock:
         self.saw_loader = True
         if self._data_outside:
             self._data_outside = False
+            self._fresh_loader = False
             return
         self._in_data = False
-        self._data_wait += self._now() - began
+        waited = self._now() - began
+        self._data_wait += waited
+        if self._fresh_loader:
+            self._fresh_loader = False
+            self._loader_start += waited
         if self._data_open is not None:
             self._data_marks.append((self._data_open, self._mark()))
             self._data_open = None
@@ -375,6 +387,28 @@ class StepClock:
             self._batches += 1
         if self._stack and self._stack[-1][0] == PHASE_DATA:
             self._close_phase(PHASE_DATA)
+
+    @property
+    def running(self) -> bool:
+        """The first step has begun (before it, the run starts up)."""
+        return self._start is not None
+
+    def loader_stopping(self) -> None:
+        """The training loader's iterator ends its epoch and shuts its workers down (a loader
+        without ``persistent_workers``): this wait is part of their start anew (the next epoch's
+        ``loader_started``)."""
+        if self._start is not None:
+            self._fresh_loader = True
+
+    def loader_started(self, seconds: float) -> None:
+        """The training loader's iterator started new workers (an epoch of a loader without
+        ``persistent_workers``), which took ``seconds`` (booked by the caller as named work,
+        :data:`LOADER_START`); the next batch's wait is spent on their start too. The step
+        reports both (``StepSample.loader_start_s``)."""
+        if self._start is None:
+            return  # before the first step: the run's start-up, not a step's
+        self._loader_start += seconds
+        self._fresh_loader = True
 
     # A phase opened where none is open (the stack is empty: so not inside backward, nor inside
     # named work) takes the short way (``_push``/``_pop``); the rest, ``_open``/``_close_phase``.
@@ -562,6 +596,7 @@ class StepClock:
                     self._data_marks,
                     ddp_marks,
                     self._spare,
+                    self._loader_start,
                 ),
             )
         )
@@ -664,6 +699,7 @@ class StepClock:
             collective_bytes=(p.coll_bytes or None) if measured else None,
             micro_batches=p.micro_batches,
             outside={k: _ns(v) for k, v in outside.items()} if outside else None,
+            loader_start_s=_ns(p.loader_start_s) if p.loader_start_s else None,
         )
 
 

@@ -4,9 +4,13 @@ Pure: two ``auditor.report`` documents (v1 or v2) in, a comparison document out 
 ``auditor.compare/v1``), and its text at 80 columns. Loading files (reports or recordings) is the
 command's business (:mod:`auditor.commands.reports`).
 
-The measured speed-up is the BEFORE run's median step time over the AFTER run's, each taken on
-its slowest rank: under DDP every rank's step ends at the same all-reduce, so the slowest rank's
-median is the job's step. The predicted one is the largest ``predicted_speedup`` among BEFORE's
+The measured speed-up is the BEFORE run's time per step over the AFTER run's, each taken on its
+slowest rank (under DDP every rank's step ends at the same all-reduce, so the slowest rank's is
+the job's): its steps' time in the run over their count (``ranks[i].time``, the time account:
+start-up and teardown left out), where both reports have one. A median step would leave out
+what comes once in many steps (workers started at every epoch, a periodic stall, an evaluation)
+and what a fix of it gives back. Reports without an account compare their median steps
+(``step_basis``). The predicted one is the largest ``predicted_speedup`` among BEFORE's
 warning and critical findings: what its verdict promised for its own fixes.
 
 Per finding of BEFORE (``per_finding``): its predicted speed-up beside the achieved one (the
@@ -31,6 +35,10 @@ from auditor.wording import fmt_ms_value as fmt_ms
 from auditor.wording import fmt_setting, fmt_share, is_number, ranks_text, severity_change
 
 SCHEMA = "auditor.compare/v1"
+# What the measured speed-up compares (``speedup.step_basis``): each run's time per step over its
+# steps, or its median step (reports without a time account).
+RUN_PACE = "run_pace"
+MEDIAN_STEP = "median_step"
 
 # Shares of the step, in step order: (short title, name in the comparison document).
 SHARES = (
@@ -55,8 +63,9 @@ def compare_reports(
 ) -> dict[str, Any]:
     """The comparison document of two reports (plain JSON types)."""
     b_rep, a_rep = as_report(before), as_report(after)
-    b_step, b_rank = job_step(b_rep)
-    a_step, a_rank = job_step(a_rep)
+    paced = _paced(b_rep) and _paced(a_rep)
+    b_step, b_rank = job_step(b_rep, paced=paced)
+    a_step, a_rank = job_step(a_rep, paced=paced)
     measured = b_step / a_step if b_step and a_step else None
     predictor = predicting_finding(b_rep)
     predicted = predictor.predicted_speedup if predictor is not None else None
@@ -73,14 +82,15 @@ def compare_reports(
             }
         )
     gone, new, remain = diff_findings(b_rep.findings, a_rep.findings)
-    b_rate = _throughput(b_rep)
-    a_rate = _throughput(a_rep)
+    b_rate = _throughput(b_rep, paced=paced)
+    a_rate = _throughput(a_rep, paced=paced)
     return {
         "schema": SCHEMA,
         "before": _side(b_rep, before_source, b_step, b_rank, b_rate),
         "after": _side(a_rep, after_source, a_step, a_rank, a_rate),
         "speedup": {
             "measured": _round(measured, 3),
+            "step_basis": RUN_PACE if paced else MEDIAN_STEP,
             "predicted": _round(predicted, 3),
             "predicted_range": _span(predictor.predicted_range if predictor else None),
             "inside_range": _inside(measured, predictor.predicted_range if predictor else None),
@@ -160,14 +170,30 @@ def _fix_state(fix: Fix, after: RankEntry | None) -> dict[str, Any]:
     }
 
 
-def job_step(report: ReportLike) -> tuple[float | None, int | None]:
-    """The job's median step (seconds) and the rank it comes from: the slowest timed rank."""
+def job_step(report: ReportLike, *, paced: bool = True) -> tuple[float | None, int | None]:
+    """The job's step (seconds) and the rank it comes from, the slowest timed rank: its time
+    per step over the run (``paced``, where the report has its time account), else its median
+    step."""
     best: tuple[float, int] | None = None
     for r in as_report(report).ranks:
-        step = r.step_s
+        step = _pace(r) if paced else r.step_s
         if is_number(step) and step > 0 and (best is None or step > best[0]):
             best = (float(step), r.rank)
     return (best[0], best[1]) if best else (None, None)
+
+
+def _pace(r: RankEntry) -> float | None:
+    """A rank's steps' time in the run over their count (None: no account, or no steps)."""
+    a = r.time
+    if a is None or a.steps <= 0 or a.steps_s <= 0:
+        return None
+    return a.steps_s / a.steps
+
+
+def _paced(report: Report) -> bool:
+    """Every timed rank of ``report`` has its time account (:func:`_pace`)."""
+    timed = [r for r in report.ranks if is_number(r.step_s) and r.step_s > 0]
+    return bool(timed) and all(_pace(r) is not None for r in timed)
 
 
 def predicting_finding(report: ReportLike) -> ReportFinding | None:
@@ -243,9 +269,14 @@ def render_compare(result: Mapping[str, Any], *, width: int = VERDICT_WIDTH) -> 
     b_step, a_step = before.get("step_s"), after.get("step_s")
     measured = speed.get("measured")
     if is_number(b_step) and is_number(a_step) and is_number(measured):
+        basis = (
+            "slowest rank's median"
+            if speed.get("step_basis") == MEDIAN_STEP
+            else "slowest rank, over its steps"
+        )
         emit(
             f"Measured speed-up: {measured:.2f}x ({fmt_ms(b_step)} ms -> {fmt_ms(a_step)} ms per "
-            "step, slowest rank's median)"
+            f"step, {basis})"
         )
     else:
         emit("Measured speed-up: - (a run has no timed steps)")
@@ -502,8 +533,17 @@ def _loader_changes(b: RankEntry | None, a: RankEntry | None) -> list[str]:
     return out
 
 
-def _throughput(report: Report) -> float | None:
-    rates = [float(r.samples_per_s) for r in report.ranks if is_number(r.samples_per_s)]
+def _throughput(report: Report, *, paced: bool) -> float | None:
+    """Samples a second, all ranks: each rank's batch over its step (its pace over the run where
+    ``paced``, else its median's rate)."""
+    if not paced:
+        rates = [float(r.samples_per_s) for r in report.ranks if is_number(r.samples_per_s)]
+        return sum(rates) if rates else None
+    rates = [
+        float(r.batch_size) / pace
+        for r in report.ranks
+        if is_number(r.batch_size) and (pace := _pace(r))
+    ]
     return sum(rates) if rates else None
 
 

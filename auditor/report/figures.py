@@ -54,6 +54,7 @@ _TIME_COLORS = {
     "checkpoint": "#ff7f0e",
     "evaluation": "#17becf",
     "logging": "#e377c2",
+    "loader_start": "#ff9896",
     "other": "#c7c7c7",
     "gaps": "#dbdb8d",
     "teardown": "#525252",

@@ -26,6 +26,7 @@ PART_LABELS = {
     "checkpoint": "checkpoint",
     "evaluation": "evaluation",
     "logging": "logging",
+    "loader_start": "starting workers",
     "other": "other (in steps)",
     "gaps": "between steps",
     "teardown": "teardown",
@@ -39,6 +40,7 @@ _DOING = {
     "checkpoint": "saving checkpoints",
     "evaluation": "evaluating",
     "logging": "logging",
+    "loader_start": "starting DataLoader workers",
 }
 
 

@@ -17,7 +17,7 @@ other line is one record with a ``"t"`` type:
 * ``{"t": "flops", ...FlopCount fields}``          a rank's FLOPs per step, counted on a sampled
   step (readers that predate it skip it); the counted step's record has ``"flops_counted": true``
   (absent on every other step); a step's ``collective_bytes`` only where its collectives
-  carried known bytes
+  carried known bytes, its ``loader_start_s`` only where it started DataLoader workers
 
 v2 differs from v1 in one meaning: a step's ``backward_s`` excludes the collective wait (the
 phases are exclusive, see :class:`~auditor.samples.StepSample`); v1 steps counted it inside
@@ -84,6 +84,8 @@ def batch_records(batch: Batch) -> Iterator[dict[str, Any]]:
             row.pop("flops_counted", None)  # only the step whose FLOPs were counted says so
         if row.get("collective_bytes") is None:
             row.pop("collective_bytes", None)  # no bytes known: the older shape
+        if row.get("loader_start_s") is None:
+            row.pop("loader_start_s", None)  # no workers started in the step: the older shape
         yield {"t": "step", **row}
     for c in batch.processes:
         row = asdict(c)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, base_env, run_auditor, torchrun
+from .conftest import REPO, Run, base_env, run_auditor, torchrun
 
 pytestmark = pytest.mark.e2e
 
@@ -73,12 +73,7 @@ def test_a_reports_advice_applied_and_compared(ray_address: str, tmp_path: Path)
         ]
         before_path.write_text(json.dumps(before.report))
 
-    after = run_auditor(
-        ["--quiet", "--address", ray_address, "--apply", str(before_path)],
-        job,
-        tmp=tmp_path / "after",
-    )
-    assert after.returncode == 0, after.stderr[-3000:]
+    after = _applied(ray_address, job, before_path, tmp_path / "after")
     assert after.report is not None
     rank1 = after.report["ranks"][1]
     assert rank1["loader"]["num_workers"] == proposed["num_workers"]
@@ -106,6 +101,48 @@ def test_a_reports_advice_applied_and_compared(ray_address: str, tmp_path: Path)
         f"predicted {outcome['predicted']}x ({outcome['range']}), achieved {outcome['achieved']}x"
         f", inside the range: {outcome['inside_range']}"
     )
+
+
+def test_workers_started_at_every_epoch_are_kept_and_the_run_is_faster(
+    ray_address: str, tmp_path: Path
+) -> None:
+    # Every rank's 4 workers start anew at each epoch of 20 steps, 0.3 s each time: the
+    # advice is to keep them (persistent_workers), not more of them or cheaper loading.
+    job = torchrun("restarting_workers.py", "--seconds", "8")
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    before = run_auditor(["--quiet", "--address", ray_address], job, tmp=tmp_path / "before")
+    assert before.returncode == 0, before.stderr[-3000:]
+    starved = before.findings("data_starvation")
+    assert starved and starved[0]["ranks"] == [0, 1], before.report
+    actions = starved[0]["actions"]
+    assert {(a["rank"], a["lever"], a["current"], a["proposed"]) for a in actions} == {
+        (0, "persistent_workers", False, True),
+        (1, "persistent_workers", False, True),
+    }
+    assert "start at every epoch" in starved[0]["summary"], starved[0]
+    assert "persistent_workers=True keeps them" in starved[0]["fixes"]["1"]
+
+    before_path = tmp_path / "before" / "report.json"
+    after = _applied(ray_address, job, before_path, tmp_path / "after")
+    assert after.report is not None
+    for rank in after.report["ranks"]:
+        assert rank["loader"]["persistent_workers"] is True
+        assert rank["applied"] == [{"lever": "persistent_workers", "from": False, "to": True}]
+    assert after.findings("data_starvation") == []
+    doc = json.loads(compare(before_path, tmp_path / "after" / "report.json", "--json"))
+    outcome = next(f for f in doc["per_finding"] if f["kind"] == "data_starvation")
+    assert outcome["after"] == "gone"
+    assert outcome["achieved"] > 1.2, outcome
+    assert outcome["achieved"] == pytest.approx(outcome["predicted"], rel=0.2), outcome
+    print(f"predicted {outcome['predicted']}x, achieved {outcome['achieved']}x")
+
+
+def _applied(ray_address: str, job: list[str], report: Path, tmp: Path) -> Run:
+    """``job`` run again under ``auditor run --apply report`` (in ``tmp``); it must end well."""
+    after = run_auditor(["--quiet", "--address", ray_address, "--apply", str(report)], job, tmp=tmp)
+    assert after.returncode == 0, after.stderr[-3000:]
+    return after
 
 
 def compare(before: Path, after: Path, *args: str) -> str:

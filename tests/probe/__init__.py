@@ -162,6 +162,30 @@ def run_job(argv: list[str], **kwargs: object) -> JobResult:
     return Job(argv, **kwargs).result()  # type: ignore[arg-type]
 
 
+def loop_tail(depth: int) -> str:
+    """The training loop's end in the tests' own scripts (``run_script``), inside ``depth``
+    loops: a real step, then a line that says the script got through."""
+    pad = "    " * depth
+    step = ("loss = nn.functional.mse_loss(model(x), y)", "loss.backward()", "opt.step()")
+    return "".join(f"\n{pad}{line}" for line in (*step, "opt.zero_grad()")) + (
+        '\nprint("DONE=1", flush=True)\n'
+    )
+
+
+def run_script(text: str, argvs: dict[str, list[str]]) -> dict[str, JobResult]:
+    """The script ``text`` run once per entry of ``argvs`` (its arguments, by run name), one
+    after the other under the probe; each must end well and print ``DONE=1``."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="aud") as tmp:
+        script = Path(tmp) / "script.py"
+        script.write_text(text)
+        for name, args in argvs.items():
+            res = Job([str(script), *args]).result(timeout=240, wait_rank_s=20)
+            assert res.returncode == 0 and "DONE=1" in res.stdout, res.stderr[-3000:]
+            out[name] = res
+    return out
+
+
 def send(path: str, *msgs: dict[str, object]) -> None:
     """``msgs`` sent over one connection to the sink socket at ``path``, as a probe sends them."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

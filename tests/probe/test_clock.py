@@ -376,3 +376,29 @@ def test_cpu_timer_measures_real_phases() -> None:
     a = timer.mark()
     assert timer.ready(a)
     assert timer.elapsed(a, a - 1.0) == 0.0  # never negative
+
+
+def test_workers_started_at_an_epoch_are_booked_on_the_step_that_pays() -> None:
+    sc, c, dev = make("host")
+    assert dev is not None
+    sc.loader_started(0.3)  # the run's first iterator, before any step: its start-up
+    one_batch(sc, c, 0.0)
+    c.at(0.125)
+    began = sc.data_begin()  # the epoch's end (StopIteration): step 0 closes
+    c.at(0.126)
+    sc.loader_stopping()  # its workers shut down: 1 ms
+    sc.data_end(began, None)
+    c.at(0.226)
+    sc.loader_started(0.1)  # the next epoch's iterator started its workers: 0.1 s
+    one_batch(sc, c, 0.226)  # its first batch: 10 ms, spent on their start
+    c.at(0.4)
+    sc.data_begin()
+    one_batch(sc, c, 0.4)
+    c.at(0.6)
+    sc.data_begin()
+    dev.complete_all()
+    first, started, after = sc.resolve()
+    assert first.loader_start_s is None and after.loader_start_s is None
+    assert started.loader_start_s == pytest.approx(0.001 + 0.1 + 0.010)
+    assert started.data_wait_s == pytest.approx(0.001 + 0.010)  # the start's creation: no phase
+    assert started.other_s >= 0.1

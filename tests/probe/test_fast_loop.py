@@ -10,17 +10,13 @@ on every step: ``test_phases_torch.py``)."""
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from auditor.probe.clock import DATA_CPU_EVERY
 from auditor.probe.probe import H2D_IDLE_WINDOWS, H2D_RECHECK_EVERY
 from auditor.samples import StepSample
 
-from . import Job, JobResult
+from . import JobResult, loop_tail, run_script
 
 STEPS = 300
 COPIES_FROM = 100  # the "late" loop copies its batches from this step on
@@ -37,30 +33,15 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = DataLoader(TensorDataset(torch.randn(steps, 8), torch.randn(steps, 2)), batch_size=1)
 for i, (x, y) in enumerate(data):
     if i >= copies_from:  # the batch's copy: a real one on CPU, through float64
-        x = x.to(torch.float64).to(torch.float32)
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-print("DONE=1", flush=True)
-"""
+        x = x.to(torch.float64).to(torch.float32)""" + loop_tail(1)
 
 
 @pytest.fixture(scope="module")
-def runs() -> Iterator[dict[str, JobResult]]:
-    with tempfile.TemporaryDirectory(prefix="aud") as tmp:
-        script = Path(tmp) / "copies.py"
-        script.write_text(SCRIPT)
-        started = {
-            name: Job([str(script), str(STEPS), str(first)])
-            for name, first in (("always", 0), ("late", COPIES_FROM))
-        }
-        out = {}
-        for name, job in started.items():
-            res = job.result(timeout=240, wait_rank_s=20)
-            assert res.returncode == 0 and "DONE=1" in res.stdout, res.stderr[-3000:]
-            out[name] = res
-        yield out
+def runs() -> dict[str, JobResult]:
+    return run_script(
+        SCRIPT,
+        {name: [str(STEPS), str(first)] for name, first in (("always", 0), ("late", COPIES_FROM))},
+    )
 
 
 def steps_of(res: JobResult) -> list[StepSample]:

@@ -106,6 +106,30 @@ def test_measured_against_predicted() -> None:
     json.dumps(result, allow_nan=False)
 
 
+def _timed(r: dict[str, Any], steps: int, steps_s: float) -> dict[str, Any]:
+    """``r`` with a time account: ``steps`` steps that took ``steps_s`` seconds in all."""
+    account = {"wall_s": steps_s + 3.0, "startup_s": 2.0, "steps": steps, "teardown_s": 1.0}
+    return {**r, "time": {**account, "data_wait_s": steps_s / 2, "forward_s": steps_s / 2}}
+
+
+def test_runs_with_a_time_account_compare_their_pace_not_their_median() -> None:
+    # BEFORE's workers start anew at every epoch: a median step of 119 ms (most of the step's
+    # duration-weighted time sits on the epochs' first steps), 40 ms a step over the run;
+    # AFTER keeps them: 22 ms either way. The run got 1.8x faster, not 5.4x.
+    before = report([_timed(rank(r, 0.119), 200, 8.0) for r in (0, 1)], [])
+    after = report([_timed(rank(r, 0.022), 360, 7.92) for r in (0, 1)], [])
+    speed = compare_reports(before, after)["speedup"]
+    assert speed["step_basis"] == "run_pace"
+    assert speed["measured"] == pytest.approx((8.0 / 200) / (7.92 / 360), abs=1e-3)
+    assert speed["throughput_ratio"] == pytest.approx(speed["measured"], abs=1e-3)
+    text = " ".join(render_compare(compare_reports(before, after)).split())
+    assert "(40.0 ms -> 22.0 ms per step, slowest rank, over its steps)" in text
+    # One report without an account (an older one): both compare their medians.
+    speed = compare_reports(report([rank(0, 0.119)], []), after)["speedup"]
+    assert speed["step_basis"] == "median_step"
+    assert speed["measured"] == pytest.approx(0.119 / 0.022, abs=1e-3)
+
+
 def test_findings_gone_new_and_remaining() -> None:
     result = compare_reports(BEFORE, AFTER)
     found = result["findings"]

@@ -38,6 +38,17 @@ The fixes (:class:`~auditor.analysis.fixes.Fix`, per starved rank): ``num_worker
 current count to the plan, ``pin_memory`` (a CUDA rank whose loader does not pin) and
 ``persistent_workers`` (workers that are not kept across epochs) turned on.
 
+Workers started at every epoch. A loader without ``persistent_workers`` starts its workers
+anew at each epoch: the probe books the new iterator's creation and its first batch's wait on
+the step that pays for them (``StepSample.loader_start_s``). Once an epoch, a step's medians
+miss that wait; over the window it is time the rank waited for data all the same, so a rank
+whose starts took ``min_wait_ratio`` of its steps' time is starved too. Where the starts are
+``restart_share`` of its data wait or more, its fix is to keep the workers
+(``persistent_workers=True``, :data:`WORKERS_KEPT`), not more of them: the speed-up is the
+starts' time gone from the run (the largest share of a starved rank: the others wait for it at
+each epoch's first step). Each epoch's first batch still loads once kept workers are handed
+the epoch's indices; with workers that keep up, that is a batch's load, well under a start.
+
 When no worker fits (CPU-bound loading on a saturated host, or a host flagged by
 ``cpu_oversubscription``), the fix is cheaper loading (``loading_cost``). Its gain depends on
 how much cheaper, which nothing measured says: the speed-up is the one of loading
@@ -65,7 +76,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..advisor import Barrier
 from ..findings import Finding, severity_for
@@ -99,6 +110,8 @@ MAX_WORKERS = "max_workers"
 # CPU, the host's available memory.
 WORKERS_KEEP_UP = "workers_keep_up"
 CHEAPER_LOADING = "cheaper_loading"
+# The wait is mostly the workers starting at every epoch: kept across epochs, they would not.
+WORKERS_KEPT = "workers_kept"
 WORKERS_RSS = "workers_rss"
 MAIN_RSS = "main_rss"
 NOT_PREDICTED = "not_predicted"
@@ -122,6 +135,10 @@ class Thresholds:
     memory_share: share of the host's available memory that new workers may take.
     cheaper_factor: how much cheaper the "make loading cheaper" fix is assumed to make
         loading, for its predicted speed-up (2.0 = half the cost).
+    restart_share: a loader without ``persistent_workers`` whose workers' starts (at every
+        epoch: the iterator's creation and its first batch's wait) took at least this share of
+        the rank's data wait in the window is starved by the starts: its fix is to keep the
+        workers, not more of them.
     """
 
     min_steps: int = 8
@@ -133,6 +150,7 @@ class Thresholds:
     io_bound_share: float = 0.25
     memory_share: float = 0.5
     cheaper_factor: float = 2.0
+    restart_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -173,6 +191,20 @@ class Inputs:
     main_cpu: Mapping[int, float | None] = field(default_factory=dict)
     worker_cpu: Mapping[int, float | None] = field(default_factory=dict)
     host_cpu: Mapping[str, tuple[float, float] | None] = field(default_factory=dict)
+    # Per waiting rank whose loader started workers in the window: the starts' share of its
+    # steps' time, the seconds each took, and their time over its data wait
+    # (:attr:`RankStats.loader_start_share` and kin).
+    loader_starts: Mapping[int, Restarts] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """A loader's workers started anew in the window: the starts' share of the rank's steps'
+    time, the seconds each took, and their time over the rank's data wait."""
+
+    share: float
+    each_s: float
+    of_wait: float
 
 
 @dataclass(frozen=True)
@@ -193,6 +225,9 @@ class StarvedRank:
     host: str = ""
     cost: LoadingCost | None = None
     memory_measured: bool = True
+    # Where its workers' starts at every epoch are most of its wait (the fix is
+    # ``persistent_workers`` alone): those starts.
+    restarts: Restarts | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +274,9 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
     waiting = {
         r: s
         for r, s in stats.items()
-        if wait_ratio[r] >= t.min_wait_ratio and s.data_wait_s >= t.min_wait_s
+        if (wait_ratio[r] >= t.min_wait_ratio and s.data_wait_s >= t.min_wait_s)
+        # Workers started at every epoch: a wait once an epoch that a step's medians miss.
+        or (s.loader_start_share or 0.0) >= t.min_wait_ratio
     }
     if not waiting:
         return None
@@ -279,6 +316,13 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         main_cpu={r: stats[r].main_cpu for r in on_hosts},
         worker_cpu={r: stats[r].worker_cpu for r in on_hosts},
         host_cpu={h: snapshot.host_cpu(h) for h in shares},
+        loader_starts={
+            r: Restarts(s.loader_start_share, s.loader_start_each_s, s.loader_start_of_wait)
+            for r, s in waiting.items()
+            if s.loader_start_share is not None
+            and s.loader_start_each_s is not None
+            and s.loader_start_of_wait is not None
+        },
     )
 
 
@@ -289,7 +333,8 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     starved = [
         r
         for r in i.wait_ratio
-        if i.wait_ratio[r] >= t.min_wait_ratio and i.wait_s[r] >= t.min_wait_s
+        if (i.wait_ratio[r] >= t.min_wait_ratio and i.wait_s[r] >= t.min_wait_s)
+        or ((k := _restarts(i, r, t)) is not None and k.share >= t.min_wait_ratio)
     ]
     if not starved:
         return []
@@ -313,7 +358,22 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     memory_measured: dict[int, bool] = {}
     per_rank: dict[str, object] = {}
     not_measured: list[str] = []
+    kept: dict[int, Restarts] = {}
     for r in sorted(starved):
+        restarts = _restarts(i, r, t)
+        if restarts is not None:
+            kept[r] = restarts
+            per_rank[str(r)] = {
+                "data_wait_ms": round(i.wait_s[r] * 1e3, 1),
+                "step_ms": round(i.step_s[r] * 1e3, 1),
+                "data_wait_ratio": round(i.wait_ratio[r], 3),
+                "num_workers": i.num_workers[r],
+                "loader_start_share": round(restarts.share, 3),
+                "loader_start_each_ms": round(restarts.each_s * 1e3, 1),
+                "loader_start_of_wait": round(restarts.of_wait, 3),
+                "speedup_basis": WORKERS_KEPT,
+            }
+            continue
         host = i.host[r]
         cost = i.cost[r]
         wait_s, local_s, work_s = i.wait_s[r], i.local_s[r], i.work_s[r]
@@ -372,7 +432,12 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
     at_most = _barrier(i, seen).speedup(upper_local)
     speedup: float | None
     predicted_range: tuple[float, float] | None = None
-    if blind:
+    if not plans:
+        # Every starved rank's wait is its workers' starts: kept, their time is gone from the
+        # run (the slowest rank's share: the others wait for it at each epoch's first step).
+        speedup = max(1.0 / max(1e-9, 1.0 - k.share) for k in kept.values())
+        evidence["speedup_model"] = WORKERS_KEPT
+    elif blind:
         speedup = None
         not_measured.insert(0, COLLECTIVE_WAIT)
         evidence["speedup_model"] = NOT_PREDICTED
@@ -391,11 +456,15 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
             low = max(1.0, before / bound.step_s())
             if low < speedup:
                 predicted_range = (low, speedup)
+    if kept and plans and speedup is not None:
+        speedup = max(speedup, *(1.0 / max(1e-9, 1.0 - k.share) for k in kept.values()))
     if not_measured:
         evidence["not_measured"] = not_measured
 
     worst = max(starved, key=lambda r: i.wait_ratio[r])
     ranks = {r: _starved_rank(i, r, plans[r], memory_measured[r]) for r in sorted(plans)}
+    ranks |= {r: _restarting_rank(i, r, k) for r, k in kept.items()}
+    ranks = dict(sorted(ranks.items()))
     facts = Facts(
         ranks=ranks,
         worst=Wait(worst, i.wait_s[worst], i.step_s[worst], i.wait_ratio[worst]),
@@ -423,8 +492,13 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
 
 def _fixes(r: int, rank: StarvedRank, speedup: float | None) -> list[Fix]:
     """A starved rank's changes: its workers (or cheaper loading where none fit) and the loader
-    settings to turn on."""
+    settings to turn on; where its wait is its workers' starts, keeping them."""
     answers = (KIND,)
+    if rank.restarts is not None:
+        fixes = [Fix("persistent_workers", r, False, True, speedup, answers)]
+        if rank.set_pin_memory:
+            fixes.append(Fix("pin_memory", r, False, True, speedup, answers))
+        return fixes
     if rank.workers is None:
         fixes = [Fix("loading_cost", r, speedup=speedup, answers=answers)]
     else:
@@ -668,6 +742,23 @@ def _starved_rank(i: Inputs, r: int, plan: _Plan, memory_measured: bool) -> Star
         cost=cost,
         memory_measured=memory_measured,
     )
+
+
+def _restarts(i: Inputs, r: int, t: Thresholds) -> Restarts | None:
+    """The worker starts that make most of a starved rank's wait (:attr:`Thresholds.restart_share`)
+    where its loader does not keep its workers; None otherwise."""
+    starts = i.loader_starts.get(r)
+    if starts is None or i.persistent_workers.get(r) is not False:
+        return None
+    if not i.num_workers.get(r) or starts.of_wait < t.restart_share:
+        return None
+    return starts
+
+
+def _restarting_rank(i: Inputs, r: int, restarts: Restarts) -> StarvedRank:
+    """A rank starved by its workers' starts: its workers stay as many, kept across epochs."""
+    workers = i.num_workers[r] or 0
+    return replace(_starved_rank(i, r, _Plan(workers, workers, None, 0.0), True), restarts=restarts)
 
 
 RULE = Rule(

@@ -49,11 +49,13 @@ stall too short to count leaves a double gap), otherwise irregular. What the wor
 ``StepSample.outside`` (seconds the probe saw in named work: checkpoint, evaluation, logging)
 where the named seconds of its occurrences cover at least half of their cost; unnamed otherwise.
 
-Data waits are not own work, so a starved rank (data_starvation's) never spikes here, and a rank
-that only waits is never blamed. Where a rank's collective wait was not measured its waits would
-read as work: the rule stays silent. Unnamed stalls of a rank whose host is oversubscribed
-(cpu_oversubscription explains it) are that finding's, not a stall's. ``auditor serve``'s
-samples are per-scrape means (``count`` > 1) that hold no single step: silent there too.
+Data waits are not own work, nor is creating an iterator that starts a loader's workers
+(``StepSample.outside["loader_start"]``: loading, as its first batch's wait is), so a starved
+rank (data_starvation's) never spikes here, and a rank that only waits is never blamed. Where
+a rank's collective wait was not measured its waits would read as work: the rule stays silent.
+Unnamed stalls of a rank whose host is oversubscribed (cpu_oversubscription explains it) are
+that finding's, not a stall's. ``auditor serve``'s samples are per-scrape means (``count`` > 1)
+that hold no single step: silent there too.
 
 Speed-up: the barrier model (:class:`~auditor.analysis.advisor.Barrier`) over the mean local
 time per step since the stalls began (one period before the first: a stall that began midway
@@ -87,6 +89,8 @@ KIND = "stall"
 CHECKPOINT = "checkpoint"
 EVALUATION = "evaluation"
 LOGGING = "logging"
+# Not a stall's: loading (data_starvation reads the starts).
+LOADER_START = "loader_start"
 LEVER_OF = {
     CHECKPOINT: "checkpoint_async",
     EVALUATION: "evaluation_on_all_ranks",
@@ -205,7 +209,12 @@ def measure(snapshot: Snapshot, t: Thresholds) -> Inputs | None:
         rows = sorted(map(_ROW, views[r].steps), key=itemgetter(0))
         step, step_s, data, wait, outside = zip(*rows, strict=True)
         waits = tuple(w or 0.0 for w in wait)
-        work = tuple(max(0.0, s - d - w) for s, d, w in zip(step_s, data, waits, strict=True))
+        # Creating an iterator that starts the loader's workers is loading, as the data wait
+        # is: not the rank's own work.
+        loading = tuple(
+            d + (o or _NONE).get(LOADER_START, 0.0) for d, o in zip(data, outside, strict=True)
+        )
+        work = tuple(max(0.0, s - d - w) for s, d, w in zip(step_s, loading, waits, strict=True))
         ranks[r] = RankSteps(step, step_s, work, waits, outside)
         # Cheap screen (decide's threshold): a rank whose largest step is no spike has none.
         floor = max(t.min_spike_ratio * statistics.median(step_s), t.min_spike_s)
@@ -230,6 +239,7 @@ def _working(cpu: tuple[float, float] | None, ranks: int) -> tuple[float, float]
 
 # A step's figures in the order measure reads them (sorted by step number).
 _ROW = attrgetter("step", "step_s", "data_wait_s", "collective_wait_s", "outside")
+_NONE: Mapping[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -441,7 +451,7 @@ def _work(occs: Sequence[_Occurrence], ranks: Sequence[int], i: Inputs) -> str |
             n = index.get(o.step)
             outside = rs.outside[n] if n is not None else None
             for name, seconds in (outside or {}).items():
-                if seconds and seconds > 0:
+                if seconds and seconds > 0 and name != LOADER_START:  # not in its work
                     named[name] = named.get(name, 0.0) + float(seconds)
     if not named or total <= 0:
         return None

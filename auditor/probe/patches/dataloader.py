@@ -2,10 +2,14 @@
 
 ``_BaseDataLoaderIter.__next__`` (every loader, single- or multi-process) for the data wait and
 the batch size; ``DataLoader.__iter__`` to read the loader's settings and its worker PIDs once per
-epoch. The rank reports the training loader's: the first loader with a backward or an optimizer
-step between two of its batches (an evaluation loop has none, and its loader often has other
-workers: Lightning's ``val_dataloader``, the Trainer's periodic evaluation). Until one has
-trained, the loader iterated last.
+epoch, and, where a new iterator starts the training loader's workers (every epoch without
+``persistent_workers``), to time the start: its creation as named work (``loader_start``), and
+with its first batch's wait and the old workers' shutdown (in the epoch's last ``__next__``) on
+the step (``StepSample.loader_start_s``). The rank reports the
+training loader's: the first loader with a backward or an optimizer step between two of its
+batches (an evaluation loop has none, and its loader often has other workers: Lightning's
+``val_dataloader``, the Trainer's periodic evaluation). Until one has trained, the loader
+iterated last.
 
 ``DataLoader.__init__`` only where ``auditor run --apply`` planned loader levers for some rank
 (:mod:`auditor.probe.apply`): a loader built on a named rank that matches the report's training
@@ -23,13 +27,14 @@ import os
 import sys
 import weakref
 from dataclasses import asdict
-from time import thread_time
+from time import perf_counter, thread_time
 from typing import TYPE_CHECKING, Any
 
 from auditor.samples import LoaderConfig
 
 from ..apply import REFUSED, RankPlan, changes, read_plan
 from ..batches import batch_size_of
+from ..clock import LOADER_START
 
 if TYPE_CHECKING:
     from ..probe import Probe
@@ -58,6 +63,12 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
         batch = None
         try:
             batch = orig_next(self)
+        except StopIteration:
+            # The epoch's end: a loader that does not keep its workers shuts them down in this
+            # call, a cost of starting them anew at the next epoch.
+            if _stops_workers(self, probe):
+                clock.loader_stopping()
+            raise
         finally:
             # Also when the loader raises (StopIteration at the end of an epoch, a worker's
             # error): the data phase ends here, or the collectives after it (a metric sync
@@ -79,7 +90,23 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
 
     @functools.wraps(orig_iter)
     def __iter__(self: Any) -> Any:
-        it = orig_iter(self)
+        # A new iterator with workers starts them (persistent ones only at the first epoch):
+        # once training runs, its creation is booked as named work, ``loader_start`` (loading,
+        # not the rank's own work), and the start as a whole on the step (clock.loader_started).
+        try:
+            starting = clock.running and _starts_workers(self) and _trains(probe, self)
+        except Exception:
+            starting = False
+        if starting:
+            began = perf_counter()
+            clock.outside_begin(LOADER_START)
+            try:
+                it = orig_iter(self)
+            finally:
+                clock.outside_end()
+            clock.loader_started(perf_counter() - began)
+        else:
+            it = orig_iter(self)
         if probe.enabled:
             try:
                 workers = getattr(it, "_workers", None) or ()
@@ -104,6 +131,37 @@ def hook_dataloader(probe: Probe, torch: Any) -> None:
     except Exception as exc:  # the data wait is still timed; the loaders stay as the script says
         if os.environ.get("AUDITOR_DEBUG"):
             print(f"auditor probe: --apply not installed: {exc!r}", file=sys.stderr)
+
+
+def _starts_workers(loader: Any) -> bool:
+    """Iterating ``loader`` now starts worker processes: it has workers, and does not keep them
+    or has none kept yet (DataLoader keeps a persistent loader's iterator in ``_iterator``)."""
+    try:
+        if not loader.num_workers:
+            return False
+        return not loader.persistent_workers or getattr(loader, "_iterator", None) is None
+    except AttributeError:
+        return False
+
+
+def _stops_workers(it: Any, probe: Probe) -> bool:
+    """The exhausted iterator ``it`` of the training loader shut its workers down."""
+    try:
+        if not getattr(it, "_workers", None) or getattr(it, "_persistent_workers", True):
+            return False
+        seen = getattr(it, "_auditor_loader", None)
+        loader = seen.loader() if seen is not None else None
+        return loader is not None and _trains(probe, loader)
+    except Exception:
+        return False
+
+
+def _trains(probe: Probe, loader: Any) -> bool:
+    """``loader`` is the training loader (or none is known yet), outside an evaluation."""
+    if not probe.active or probe.clock.evaluating:
+        return False
+    train = probe.train_loader() if probe.train_loader is not None else None
+    return train is None or train is loader
 
 
 def _hook_apply(probe: Probe, dl: Any) -> None:

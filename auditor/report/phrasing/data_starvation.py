@@ -26,6 +26,7 @@ from auditor.analysis.rules.data_starvation import (
     MEMORY,
     NOT_PREDICTED,
     WORKERS_KEEP_UP,
+    WORKERS_KEPT,
     WORKERS_RSS,
     Facts,
     PeersWait,
@@ -49,11 +50,22 @@ def _(facts: Facts, finding: Finding) -> Phrase:
     starved = finding.ranks
     worst = facts.worst
     where = "" if len(starved) == 1 else f" on rank {worst.rank}"
-    summary = (
-        f"{ranks_text(starved)} wait{s_if_one(starved)} for data: "
-        f"{fmt_ms(worst.data_wait_s)} of a {fmt_ms(worst.step_s)} step "
-        f"({fmt_pct(worst.data_wait_ratio)}){where}"
-    )
+    restarting = {r: k.restarts for r, k in facts.ranks.items() if k.restarts is not None}
+    if restarting and len(restarting) == len(facts.ranks):
+        # Each epoch's start, not a step's: the medians of a step say little.
+        r, most = max(restarting.items(), key=lambda kv: kv[1].share)
+        where = "" if len(starved) == 1 else f" on rank {r}"
+        summary = (
+            f"{ranks_text(starved)} wait{s_if_one(starved)} for data while "
+            f"{'its' if len(starved) == 1 else 'their'} DataLoader workers start at every "
+            f"epoch: {fmt_ms(most.each_s)} each time, {fmt_pct(most.share)} of the time{where}"
+        )
+    else:
+        summary = (
+            f"{ranks_text(starved)} wait{s_if_one(starved)} for data: "
+            f"{fmt_ms(worst.data_wait_s)} of a {fmt_ms(worst.step_s)} step "
+            f"({fmt_pct(worst.data_wait_ratio)}){where}"
+        )
     if facts.peers is not None:
         summary += _peers(facts.peers, starved)
     fixes = {r: _fix(rank, finding, facts.cheaper_factor) for r, rank in facts.ranks.items()}
@@ -73,6 +85,16 @@ def _peers(peers: PeersWait, starved: tuple[int, ...]) -> str:
 def _fix(rank: StarvedRank, finding: Finding, factor: float) -> str:
     speedup = finding.predicted_speedup
     parts: list[str] = []
+    if rank.restarts is not None:
+        n = rank.num_workers
+        workers = f"its {n} DataLoader workers" if n else "its DataLoader workers"
+        parts.append(
+            f"{workers} start anew at every epoch ({fmt_ms(rank.restarts.each_s)} each time, "
+            f"{fmt_pct(rank.restarts.share)} of its time): persistent_workers=True keeps them"
+        )
+        if rank.set_pin_memory:
+            parts.append("pin_memory=True")
+        return expectation(", ".join(parts), finding)
     if rank.workers is None:
         if rank.loading == IO:
             head = "no memory on this host for more DataLoader workers: " + _CHEAPER_IO
@@ -163,6 +185,8 @@ def _row(row: Any, rank: StarvedRank | None, factor: float) -> Any:
         out["speedup_basis"] = "workers keep up"
     elif basis == CHEAPER_LOADING:
         out["speedup_basis"] = f"loading {factor:g}x cheaper (an assumption: the fix sets how much)"
+    elif basis == WORKERS_KEPT:
+        out["speedup_basis"] = "the workers' starts gone (each epoch's first batch still loads)"
     return out
 
 
@@ -177,6 +201,8 @@ def _not_measured(facts: Facts, starved: tuple[int, ...]) -> list[str]:
             f"(at most {facts.at_most or 1.0:.1f}x with the data wait removed)"
         )
     for r, rank in sorted(facts.ranks.items()):
+        if rank.restarts is not None:
+            continue  # its fix keeps its workers: nothing it sizes went unmeasured
         if rank.loading == UNKNOWN:
             missing = "" if rank.cost is None else _MISSING.get(rank.cost.missing, "")
             sized = "workers sized by the free cores" if rank.workers else "no workers added"
