@@ -63,11 +63,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 from auditor.samples import StepSample
 
+from .pending import NO_MEMORY, PendingStep, Span, new_step
 from .timers import CpuTimer, Timer
 
 PHASE_H2D, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER, PHASE_COLLECTIVE, PHASE_DATA = range(6)
@@ -92,58 +93,6 @@ DATA_CPU_MIN_WAIT_S = 0.001
 DATA_CPU_EVERY = 16
 # The name the DDP gradient all-reduce wait has in ``StepSample.collective_ops``.
 DDP_ALLREDUCE = "ddp_allreduce"
-
-
-# One booked segment: (phase, start mark, end mark, collective name or None).
-Span = tuple[int, Any, Any, "str | None"]
-
-
-_NO_MEMORY: tuple[None, None, None] = (None, None, None)
-# ``PendingStep`` from a tuple in one call (what ``PendingStep._make`` does, less its checks).
-_new_step = tuple.__new__
-
-
-class PendingStep(NamedTuple):
-    """A closed step whose device-side phase marks may still be in flight. Built on the hot
-    path with ``tuple.__new__`` (one call, where a class's ``__init__`` runs a line a field)."""
-
-    step: int
-    wall_time: float
-    step_s: float
-    data_wait_s: float
-    batch_size: int | None
-    data_cpu_s: float | None
-    # DDP gradient all-reduce wait (host clock); None: no DDP bucket seen this step.
-    ddp_wait_s: float | None
-    collectives_seen: bool
-    spans: list[Span]
-    # Bytes each collective carried this step (NCCL-tests' size: what the bus bandwidth is
-    # computed from), by the name its time is booked under.
-    coll_bytes: dict[str, int]
-    memory: tuple[int | None, int | None, int | None]
-    # The DataLoader batches of known size the step consumed (its micro-batches; several under
-    # gradient accumulation); 1 where it saw none.
-    micro_batches: int
-    # Device timer only (None / empty with the host clock): the step's first mark and the next
-    # step's, the marks around each data wait, the last bucket's launch and backward's end.
-    start_mark: Any
-    end_mark: Any
-    data_marks: Sequence[tuple[Any, Any]]
-    ddp_marks: tuple[Any, Any] | None
-    # Marks of this step read by nothing (earlier buckets' launches): released with it.
-    spare_marks: Sequence[Any]
-    # Host seconds spent starting the loader's workers in this step (0.0: none started).
-    loader_start_s: float
-
-    def marks(self) -> list[Any]:
-        """Every mark the step's figures read."""
-        out = [m for s in self.spans for m in (s[1], s[2])]
-        out += [m for pair in self.data_marks for m in pair]
-        if self.ddp_marks is not None:
-            out += self.ddp_marks
-        if self.start_mark is not None:
-            out += (self.start_mark, self.end_mark)
-        return out
 
 
 class StepClock:
@@ -576,7 +525,7 @@ class StepClock:
         batches = self._batches
         self.cpu_due = self._data_wait >= DATA_CPU_MIN_WAIT_S or not self.steps % DATA_CPU_EVERY
         pending.append(
-            _new_step(
+            new_step(
                 PendingStep,
                 (
                     self.steps,
@@ -589,7 +538,7 @@ class StepClock:
                     self._coll_seen,
                     self._spans,
                     self._coll_bytes,
-                    self._memory() if self._memory else _NO_MEMORY,
+                    self._memory() if self._memory else NO_MEMORY,
                     batches or 1,
                     start_mark,
                     end_mark,

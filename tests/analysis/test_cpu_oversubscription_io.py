@@ -10,7 +10,7 @@ from auditor.analysis import analyze
 from auditor.analysis.fixes import Fix
 from auditor.analysis.loading import IO
 from auditor.analysis.rules import cpu_oversubscription
-from auditor.analysis.rules.data_starvation import MAX_WORKERS
+from auditor.analysis.workers import MAX_WORKERS
 from tests.helpers.jobs import NodeSpec, RankSpec, ddp_snapshot
 
 TWO_CORES = {"node0": NodeSpec(cores=2.0, busy_cores=2.0)}

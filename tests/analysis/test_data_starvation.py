@@ -11,7 +11,8 @@ from auditor.analysis.findings import Finding
 from auditor.analysis.fixes import Fix
 from auditor.analysis.loading import CPU, IO
 from auditor.analysis.rules import data_starvation
-from auditor.analysis.rules.data_starvation import CORES, CORES_ASSUMED, KIND
+from auditor.analysis.rules.data_starvation import KIND
+from auditor.analysis.workers import CORES, CORES_ASSUMED
 from tests.helpers.jobs import NodeSpec, balanced, ddp_snapshot, starved_rank3, with_rank
 
 RULE = data_starvation.RULE

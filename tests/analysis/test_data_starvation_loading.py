@@ -17,15 +17,12 @@ from auditor.analysis.rules import data_starvation
 from auditor.analysis.rules.data_starvation import (
     CHEAPER_LOADING,
     COLLECTIVE_WAIT,
-    CORES,
     KIND,
     LOADING_CPU,
-    MAIN_RSS,
-    MAX_WORKERS,
-    MEMORY,
     NOT_PREDICTED,
 )
 from auditor.analysis.snapshot import Snapshot
+from auditor.analysis.workers import CORES, MAIN_RSS, MAX_WORKERS, MEMORY
 from tests.helpers.jobs import (
     CPU_RANK,
     TWO_CORES_BUSY,

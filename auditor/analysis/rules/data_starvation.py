@@ -73,7 +73,6 @@ that is not yet saturated).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -95,25 +94,25 @@ from ..measures import own_work
 from ..rule import Explained, Rule
 from ..snapshot import Snapshot
 from ..stats import RankStats
+from ..workers import (
+    MAIN_RSS,
+    WORKERS_RSS,
+    WorkerPlan,
+    cheaper_wait,
+    memory_room,
+    worker_plan,
+)
 
 KIND = "data_starvation"
-# What capped a worker plan: the free cores, the cores where the host was never sampled (one
-# assumed), the host's available memory, or ``max_workers``.
-CORES = "cores"
-CORES_ASSUMED = "cores_assumed"
-MEMORY = "memory"
-MAX_WORKERS = "max_workers"
 # Evidence codes (the report words them). ``speedup_basis``: the workers keep up, or loading
 # ``cheaper_factor`` times cheaper (an assumption). ``per_worker_basis``: one worker's memory is
-# the workers' RSS, or the main process's (at most what a forked worker holds).
+# the workers' RSS, or the main process's (:mod:`..workers`: ``WORKERS_RSS``, ``MAIN_RSS``).
 # ``speedup_model``: not predicted. ``not_measured``: the peers' collective wait, the loading's
 # CPU, the host's available memory.
 WORKERS_KEEP_UP = "workers_keep_up"
 CHEAPER_LOADING = "cheaper_loading"
 # The wait is mostly the workers starting at every epoch: kept across epochs, they would not.
 WORKERS_KEPT = "workers_kept"
-WORKERS_RSS = "workers_rss"
-MAIN_RSS = "main_rss"
 NOT_PREDICTED = "not_predicted"
 COLLECTIVE_WAIT = "collective_wait"
 LOADING_CPU = "loading_cpu"
@@ -354,7 +353,7 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
 
     new_local: dict[int, float] = {}
     upper_local: dict[int, float] = {}
-    plans: dict[int, _Plan] = {}
+    plans: dict[int, WorkerPlan] = {}
     memory_measured: dict[int, bool] = {}
     per_rank: dict[str, object] = {}
     not_measured: list[str] = []
@@ -380,20 +379,20 @@ def decide(i: Inputs, t: Thresholds, explained: Explained) -> list[Finding]:
         on_host = sum(1 for q in i.host_ranks[host] if q in is_starved)
         idle = i.idle_cores[host]
         free = None if idle is None else idle / max(1, on_host) + i.own_cores[r]
-        memory = _memory_room(
+        memory = memory_room(
             i.worker_bytes[r],
             i.worker_basis[r],
             i.available[host],
             starved_on_host=on_host,
             memory_share=t.memory_share,
         )
-        plan = _worker_plan(
+        plan = worker_plan(
             wait_s, work_s, cost, job_pace, free, memory, margin=t.margin, max_workers=t.max_workers
         )
         if plan.workers is not None and r in oversubscribed and cost.kind != IO:
-            plan = _Plan(None, plan.wanted, None, 0.0)  # the host has no CPU to give
+            plan = WorkerPlan(None, plan.wanted, None, 0.0)  # the host has no CPU to give
         if plan.workers is None:
-            new_wait = _cheaper_wait(wait_s, work_s, cost, t.cheaper_factor)
+            new_wait = cheaper_wait(wait_s, work_s, cost, t.cheaper_factor)
             basis = CHEAPER_LOADING
         else:
             # Even a fed rank waits a little per batch (hand-off from the workers): the peers'
@@ -510,39 +509,6 @@ def _fixes(r: int, rank: StarvedRank, speedup: float | None) -> list[Fix]:
     return fixes
 
 
-@dataclass(frozen=True)
-class _Memory:
-    """What the host's memory allows: one worker's RSS and the workers that fit."""
-
-    per_worker_bytes: float
-    basis: str  # WORKERS_RSS or MAIN_RSS
-    available_bytes: int
-    room: int
-
-    def evidence(self) -> dict[str, object]:
-        return {
-            "per_worker_bytes": round(self.per_worker_bytes),
-            "per_worker_basis": self.basis,
-            "host_available_bytes": self.available_bytes,
-            "workers_that_fit": self.room,
-        }
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """How many workers (None: none fit), how many would keep up, what limits the count, and
-    the wait they should leave."""
-
-    workers: int | None
-    wanted: int
-    limit: str | None
-    expected_wait_s: float
-
-    @property
-    def capped(self) -> bool:
-        return self.workers is None or self.workers < self.wanted
-
-
 def _work_s(s: RankStats) -> float:
     """A rank's own work per step apart from waiting for data or for its peers (never 0: the
     worker plan divides by it)."""
@@ -573,58 +539,8 @@ def _worker_memory(s: RankStats) -> tuple[float, str]:
     return (main or 0.0), MAIN_RSS
 
 
-def _memory_room(
-    each: float, basis: str, available: int | None, *, starved_on_host: int, memory_share: float
-) -> _Memory | None:
-    """Workers the host's ``available`` memory holds for this rank (its share of the
-    ``memory_share`` of it among the host's starved ranks); None where unmeasured."""
-    if available is None or each <= 0:
-        return None
-    room = int(memory_share * available / max(1, starved_on_host) / each)
-    return _Memory(per_worker_bytes=each, basis=basis, available_bytes=available, room=room)
-
-
-def _worker_plan(
-    wait_s: float,
-    work_s: float,
-    cost: LoadingCost,
-    job_pace: float,
-    free_cores: float | None,
-    memory: _Memory | None,
-    *,
-    margin: float,
-    max_workers: int,
-) -> _Plan:
-    current = cost.workers
-    target = max(work_s, job_pace)
-    wanted = max(current + 1, math.ceil(margin * cost.load_s / target - 1e-9))
-    caps: list[tuple[int, str]] = [(max_workers, MAX_WORKERS)]
-    if cost.kind != IO:  # I/O-bound workers wait on storage: they need memory, not cores
-        room = 1.0 if free_cores is None else free_cores
-        # What a worker would use given its core (a starved one waited for the rest).
-        each = cost.demand if cost.demand else 1.0
-        limit = CORES if free_cores is not None else CORES_ASSUMED
-        caps.append((int(room / max(each, 1e-3) + 1e-9), limit))
-    if memory is not None:
-        caps.append((current + memory.room, MEMORY))
-    cap, limit = min(caps, key=lambda c: c[0])
-    workers = min(wanted, cap)
-    if workers <= current:
-        return _Plan(None, wanted, limit, 0.0)
-    expected = max(0.0, cost.load_s / workers - work_s)
-    return _Plan(workers, wanted, limit, min(expected, wait_s))
-
-
-def _cheaper_wait(wait_s: float, work_s: float, cost: LoadingCost, factor: float) -> float:
-    """The data wait left if loading took ``1 / factor`` of its time with today's loaders."""
-    load = cost.load_s / max(1.0, factor)
-    if cost.workers == 0:
-        return min(wait_s, load)  # the main process loads while the rank waits
-    return min(wait_s, max(0.0, load / cost.workers - work_s))
-
-
 def _host_bound(
-    i: Inputs, starved: set[int], plans: Mapping[int, _Plan], cheaper_factor: float
+    i: Inputs, starved: set[int], plans: Mapping[int, WorkerPlan], cheaper_factor: float
 ) -> HostBound | None:
     """The tightest :class:`HostBound` of the starved ranks' hosts: a fed rank does as much CPU
     work per step as its fed peers on those hosts do now (:func:`work_cpu`), its loading costs
@@ -724,7 +640,7 @@ def _peers_wait(i: Inputs, starved: set[int], min_s: float) -> PeersWait | None:
     return PeersWait(tuple(sorted(peers)), wait, ops)
 
 
-def _starved_rank(i: Inputs, r: int, plan: _Plan, memory_measured: bool) -> StarvedRank:
+def _starved_rank(i: Inputs, r: int, plan: WorkerPlan, memory_measured: bool) -> StarvedRank:
     """What the fix of a starved rank changes: its workers and its loader settings."""
     cost = i.cost[r]
     current = i.num_workers[r]
@@ -758,7 +674,8 @@ def _restarts(i: Inputs, r: int, t: Thresholds) -> Restarts | None:
 def _restarting_rank(i: Inputs, r: int, restarts: Restarts) -> StarvedRank:
     """A rank starved by its workers' starts: its workers stay as many, kept across epochs."""
     workers = i.num_workers[r] or 0
-    return replace(_starved_rank(i, r, _Plan(workers, workers, None, 0.0), True), restarts=restarts)
+    kept = WorkerPlan(workers, workers, None, 0.0)
+    return replace(_starved_rank(i, r, kept, True), restarts=restarts)
 
 
 RULE = Rule(

@@ -19,18 +19,20 @@ from auditor.analysis.loading import (
 )
 from auditor.analysis.rules.data_starvation import (
     CHEAPER_LOADING,
+    NOT_PREDICTED,
+    WORKERS_KEEP_UP,
+    WORKERS_KEPT,
+    Facts,
+    PeersWait,
+    StarvedRank,
+)
+from auditor.analysis.workers import (
     CORES,
     CORES_ASSUMED,
     MAIN_RSS,
     MAX_WORKERS,
     MEMORY,
-    NOT_PREDICTED,
-    WORKERS_KEEP_UP,
-    WORKERS_KEPT,
     WORKERS_RSS,
-    Facts,
-    PeersWait,
-    StarvedRank,
 )
 from auditor.wording import fmt_expected, fmt_ms, fmt_pct, ranks_text, speedup_worth_naming
 

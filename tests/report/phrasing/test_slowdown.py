@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from auditor.analysis.findings import Finding
 from auditor.analysis.rules.slowdown import Change, Facts
 from auditor.report.model import ReportFinding
@@ -55,19 +57,39 @@ def test_several_ranks_and_a_data_wait_in_words() -> None:
     assert words.fixes[2].endswith("expect about 2.4x")
 
 
-def test_every_rank_alike_blames_none() -> None:
-    every = Change(0.1, 0.19, "forward", 0.03, 0.12)
-    f = _finding(Facts(200, AT, 0.105, 0.195, 0.195, {}, every))
+@pytest.mark.parametrize(
+    ("facts", "summary", "model", "fix"),
+    [
+        pytest.param(
+            Facts(200, AT, 0.105, 0.195, 0.195, {}, Change(0.1, 0.19, "forward", 0.03, 0.12)),
+            "every rank slowed alike at step 200, 14:02:11: their forward went from 30 ms to "
+            "120 ms; since then the job runs 1.9x slower (105 ms a step, now 195 ms); no rank "
+            "waits for another, none is to blame",
+            "not predicted: every rank slowed",
+            "whole job",
+            id="every_rank_alike",
+        ),
+        pytest.param(
+            Facts(414, AT, 0.024, 0.036, 0.032, {}, batches={1: (32, 64)}),
+            "the batch per step changed at step 414, 14:02:11 (rank 1: 32 to 64); since then "
+            "the job runs 1.3x slower (24 ms a step, now 32 ms): more work per step by design, "
+            "none is to blame",
+            "not predicted: the batch per step",
+            "samples per second",
+            id="batch_grew",
+        ),
+    ],
+)
+def test_a_change_no_rank_led_blames_none(facts: Facts, summary: str, model: str, fix: str) -> None:
+    # Every rank slowed alike, or a batch per step grew by design: no rank, no fix, nothing
+    # predicted, and the evidence says why.
+    f = _finding(facts)
     words = phrase(f)
-    assert words.summary == (
-        "every rank slowed alike at step 200, 14:02:11: their forward went from 30 ms to "
-        "120 ms; since then the job runs 1.9x slower (105 ms a step, now 195 ms); no rank waits "
-        "for another, none is to blame"
-    )
+    assert words.summary == summary
     assert words.fixes == {}
     report = ReportFinding.of(f).to_dict()
-    assert report["evidence"]["speedup_model"].startswith("not predicted: every rank slowed")
-    assert "whole job" in report["evidence"]["fix"]
+    assert report["evidence"]["speedup_model"].startswith(model)
+    assert fix in report["evidence"]["fix"]
 
 
 def test_a_slower_collective_is_named() -> None:
@@ -75,20 +97,6 @@ def test_a_slower_collective_is_named() -> None:
     words = phrase(_finding(Facts(150, AT, 0.105, 0.2, 0.2, {}, every)))
     assert "their wait at the collectives went from 4.0 ms to 100 ms" in words.summary
     assert words.summary.endswith("the collectives themselves slowed, none is to blame")
-
-
-def test_a_batch_that_grew_is_told_by_design() -> None:
-    f = _finding(Facts(414, AT, 0.024, 0.036, 0.032, {}, batches={1: (32, 64)}))
-    words = phrase(f)
-    assert words.summary == (
-        "the batch per step changed at step 414, 14:02:11 (rank 1: 32 to 64); since then the "
-        "job runs 1.3x slower (24 ms a step, now 32 ms): more work per step by design, none is "
-        "to blame"
-    )
-    assert words.fixes == {}
-    report = ReportFinding.of(f).to_dict()
-    assert report["evidence"]["speedup_model"].startswith("not predicted: the batch per step")
-    assert "samples per second" in report["evidence"]["fix"]
 
 
 def test_a_ramp_on_many_ranks_is_said_once_per_change() -> None:
